@@ -1,0 +1,156 @@
+"""The run config: typed and validated; layered from recipe defaults, a preset, a YAML file and --set.
+
+Every key is checked: an unknown key or a wrong type raises ``ConfigError`` with one line that
+names the key, before anything is written.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message is one line naming the offending key."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SamplingConfig(Strict):
+    """Rollout sampling for training (evaluation has its own settings)."""
+
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(64, gt=0)
+    batch_size: int = Field(64, gt=0, description="prompts per forward pass while sampling")
+
+
+class LoraSettings(Strict):
+    r: int = Field(8, gt=0)
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    target_modules: list[str] | str = "all-linear"
+
+
+class TrainConfig(Strict):
+    """The policy-gradient update (shared by every role unless a recipe overrides it per role)."""
+
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0)
+    mini_batch_size: int = Field(0, ge=0, description="sequences per optimizer step; 0 = whole batch")
+    micro_batch_size: int = Field(8, gt=0)
+    epochs: int = Field(1, gt=0)
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.2, ge=0)
+    tis_cap: float | None = Field(None, gt=0)
+    kl_beta: float = Field(0.0, ge=0)
+    loss_agg: Literal["seq_mean", "token_sum_norm", "token_mean"] = "seq_mean"
+    norm_constant: int | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
+    lora: LoraSettings | None = None
+
+
+class RunConfig(Strict):
+    """Everything a run needs; written resolved to ``config.yaml`` in the run directory."""
+
+    recipe: str
+    model: str = "tiny-arith"
+    task: str = "arith"
+    seed: int = 0
+    steps: int = Field(50, ge=0)
+    data_dir: str | None = None
+    trust_remote_code: bool = False
+    rollout: SamplingConfig = SamplingConfig()
+    train: TrainConfig = TrainConfig()
+    eval_every: int = Field(10, ge=0, description="evaluate every N steps (0 = only at start and end)")
+    eval_sets: list[str] | None = Field(None, description="default: the task's sets (arith: levels 1-6)")
+    eval_limit: int | None = Field(200, gt=0, description="questions per evaluation set")
+    eval_max_new_tokens: int = Field(64, gt=0)
+    checkpoint_every: int = Field(1, gt=0)
+    keep_checkpoints: int = Field(2, gt=0)
+    params: dict[str, Any] = {}
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursively merge ``override`` into a copy of ``base`` (mappings merge, anything else replaces)."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def parse_set(assignments: list[str]) -> dict[str, Any]:
+    """Turn ``["train.lr=1e-4", "eval_sets=[arith_l1]"]`` into a nested dict; values are YAML scalars."""
+    nested: dict[str, Any] = {}
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str) and value.strip().lower() in ("nan", ".nan"):
+            value = float("nan")
+        node = nested
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {part} is not a section")
+        node[parts[-1]] = value
+    return nested
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file as a mapping (one-line error if unreadable or not a mapping)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def _first_error(exc: ValidationError, prefix: str = "") -> str:
+    err = exc.errors()[0]
+    key = prefix + ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"unknown config key '{key}'"
+    return f"config key '{key}': {err['msg']} (got {err.get('input')!r})"
+
+
+def validate(raw: Mapping[str, Any], params_model: type[BaseModel]) -> tuple[RunConfig, BaseModel]:
+    """Validate a merged config and its recipe ``params`` section; raise ConfigError on the first problem."""
+    try:
+        config = RunConfig.model_validate(dict(raw))
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc)) from None
+    try:
+        params = params_model.model_validate(config.params)
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc, "params.")) from None
+    config.params = params.model_dump(mode="json")
+    return config, params
+
+
+def to_yaml(config: RunConfig) -> str:
+    """The resolved config as YAML (what ``config.yaml`` holds and ``--config`` reads back)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

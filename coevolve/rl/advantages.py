@@ -1,0 +1,182 @@
+"""Group-relative advantage estimators (pure functions on rewards and group ids).
+
+Every function takes ``rewards`` as a 1-D array-like (list, numpy array or torch tensor) and ``groups`` as integer
+group ids of the same length. A group is the set of samples drawn from one prompt (GRPO's "group": the G answers to one
+question, or the n questions generated from one document). Ids need not be contiguous or sorted, and groups may have
+unequal sizes. Results are float64 numpy arrays aligned with the input.
+
+Conventions shared by all estimators:
+
+- **Standard deviation.** ``unbiased=True`` (the default) uses the sample std with Bessel's correction (n - 1), as
+  ``torch.std`` does in TRL's and verl's GRPO and as the released code of every method here does (INFUSER spec §4.11 /
+  §13 item 5, Dynamic RL spec §13 item 6, OpenSIR §4.8, PasoDoble §3.5, Prism §4.2). ``unbiased=False`` gives the
+  population std (divide by n). A group of size 1 has std 0 under both conventions.
+- **Zero-variance groups** (all rewards exactly equal, tested as max == min so float round-off cannot leak through)
+  get an advantage of exactly 0 from every estimator.
+- **eps** only guards the division. The specs use 1e-6 (verl, INFUSER) or 1e-4 (TRL: OpenSIR, PasoDoble).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+ArrayLike = Any  # list, numpy array or torch tensor
+
+
+def _to_numpy(x: ArrayLike, dtype: type) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch tensor, without importing torch here
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class _GroupStats:
+    """Per-sample view of the group statistics of one reward vector."""
+
+    centred: np.ndarray  # r - mean_g, exactly 0 in zero-variance groups
+    std: np.ndarray  # std_g of each sample's group, exactly 0 in zero-variance groups
+    group_std: np.ndarray  # one std per group (indexed by dense group index)
+    group_varies: np.ndarray  # one bool per group: rewards not all equal
+    varies: np.ndarray  # the same, per sample
+
+
+def _group_stats(rewards: ArrayLike, groups: ArrayLike, unbiased: bool) -> _GroupStats:
+    r = _to_numpy(rewards, np.float64)
+    g = _to_numpy(groups, np.int64)
+    if r.ndim != 1 or g.shape != r.shape:
+        raise ValueError(f"rewards and groups must be 1-D of equal length, got {r.shape} and {g.shape}")
+    if not np.all(np.isfinite(r)):
+        raise ValueError("rewards contain non-finite values")
+    _, idx = np.unique(g, return_inverse=True)
+    n_groups = int(idx.max()) + 1 if idx.size else 0
+    count = np.bincount(idx, minlength=n_groups).astype(np.float64)
+    mean = np.bincount(idx, weights=r, minlength=n_groups) / np.maximum(count, 1.0)
+    gmax = np.full(n_groups, -np.inf)
+    gmin = np.full(n_groups, np.inf)
+    np.maximum.at(gmax, idx, r)
+    np.minimum.at(gmin, idx, r)
+    varies = gmax > gmin
+    centred = np.where(varies[idx], r - mean[idx], 0.0)
+    sq = np.bincount(idx, weights=centred**2, minlength=n_groups)
+    dof = count - 1.0 if unbiased else count
+    group_std = np.where(varies, np.sqrt(sq / np.maximum(dof, 1.0)), 0.0)
+    return _GroupStats(
+        centred=centred, std=group_std[idx], group_std=group_std, group_varies=varies, varies=varies[idx]
+    )
+
+
+def _batch_sigma(stats: _GroupStats, include_zero_variance: bool) -> float:
+    """INFUSER's sigma_B: the mean of the group stds over the batch (eq. 2.14's definition)."""
+    stds = stats.group_std if include_zero_variance else stats.group_std[stats.group_varies]
+    return float(stds.mean()) if stds.size else 0.0
+
+
+def grpo_advantages(rewards: ArrayLike, groups: ArrayLike, eps: float = 1e-6, unbiased: bool = True) -> np.ndarray:
+    """GRPO advantage A_i = (r_i - mean_g) / (std_g + eps).
+
+    INFUSER calls it ``group_std`` (eq. 2.15, A_GRPO); OpenSIR eq. 8; Dynamic RL's per-reward z-score Z_G.
+    """
+    s = _group_stats(rewards, groups, unbiased)
+    return s.centred / (s.std + eps)
+
+
+def dr_grpo_advantages(rewards: ArrayLike, groups: ArrayLike) -> np.ndarray:
+    """Dr.GRPO advantage A_i = r_i - mean_g (mean baseline, no std scaling; INFUSER's solver advantage, §4.10)."""
+    return _group_stats(rewards, groups, unbiased=True).centred
+
+
+def dugrpo_advantages(
+    rewards: ArrayLike,
+    groups: ArrayLike,
+    eps: float = 1e-6,
+    unbiased: bool = True,
+    include_zero_variance_in_sigma_b: bool = False,
+) -> np.ndarray:
+    """INFUSER's DuGRPO generator advantage (eq. 2.14): A = (s_k - mu_d) / (sigma_d + sigma_B + eps).
+
+    mu_d, sigma_d: mean and std of the rewards of document d's group; sigma_B: mean of the group stds over the
+    batch. The paper removes zero-variance groups before the update and averages over the groups of the batch; the
+    released code averages the non-zero group stds. Both mean the same thing, so sigma_B excludes zero-variance groups
+    by default; ``include_zero_variance_in_sigma_b=True`` averages over every group instead. The within-group std of
+    the result is sigma_d / (sigma_d + sigma_B + eps) (same std convention).
+    """
+    s = _group_stats(rewards, groups, unbiased)
+    sigma_b = _batch_sigma(s, include_zero_variance_in_sigma_b)
+    return s.centred / (s.std + sigma_b + eps)
+
+
+def batch_norm_advantages(
+    rewards: ArrayLike,
+    groups: ArrayLike,
+    eps: float = 1e-6,
+    unbiased: bool = True,
+    include_zero_variance_in_sigma_b: bool = False,
+) -> np.ndarray:
+    """INFUSER's ``batch_std`` ablation (eq. 2.15, A_BN): A = (s_k - mu_d) / (sigma_B + eps).
+
+    This is the paper's version, with sigma_B defined exactly as in :func:`dugrpo_advantages`. The released code's
+    ``batch_std`` mode divides instead by the std of all group-centred scores pooled over the batch (spec §13 item 6);
+    the spec recommends the paper's form.
+    """
+    s = _group_stats(rewards, groups, unbiased)
+    sigma_b = _batch_sigma(s, include_zero_variance_in_sigma_b)
+    return s.centred / (sigma_b + eps)
+
+
+def decomposed_advantages(
+    terms: Mapping[str, ArrayLike],
+    weights: Mapping[str, float],
+    groups: ArrayLike,
+    eps: float = 1e-6,
+    unbiased: bool = True,
+) -> np.ndarray:
+    """Dynamic RL's advantage decomposition (eq. 14): A = sum_k lambda_k * Z_G(R_k).
+
+    Each reward term R_k is z-scored within its group separately (:func:`grpo_advantages`), then the z-scores are
+    summed with weights lambda_k. Normalising before summing keeps one high-variance reward from swamping the others.
+    A term whose group has zero variance contributes exactly 0 there. ``weights`` must name exactly the keys of
+    ``terms``.
+    """
+    if set(terms) != set(weights):
+        raise ValueError(f"terms {sorted(terms)} and weights {sorted(weights)} must have the same keys")
+    if not terms:
+        raise ValueError("decomposed_advantages needs at least one reward term")
+    return sum(
+        float(weights[name]) * grpo_advantages(values, groups, eps=eps, unbiased=unbiased)
+        for name, values in terms.items()
+    )
+
+
+def nonzero_variance_mask(rewards: ArrayLike, groups: ArrayLike) -> np.ndarray:
+    """True for members of groups whose rewards are not all equal.
+
+    Used to drop zero-variance groups (DAPO's dynamic sampling; INFUSER's variance filter, §2.3), which carry no
+    group-relative signal.
+    """
+    return _group_stats(rewards, groups, unbiased=True).varies
+
+
+_ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
+    "grpo": grpo_advantages,
+    "dr_grpo": dr_grpo_advantages,
+    "dugrpo": dugrpo_advantages,
+    "batch_norm": batch_norm_advantages,
+}
+
+ADVANTAGE_KINDS: tuple[str, ...] = tuple(_ESTIMATORS)
+
+
+def compute_advantages(kind: str, rewards: ArrayLike, groups: ArrayLike, **kwargs: Any) -> np.ndarray:
+    """Dispatch to an estimator by name: one of ``ADVANTAGE_KINDS`` ("grpo", "dr_grpo", "dugrpo", "batch_norm").
+
+    Keyword arguments go to the estimator (``eps``, ``unbiased``, ``include_zero_variance_in_sigma_b``).
+    """
+    try:
+        fn = _ESTIMATORS[kind]
+    except KeyError:
+        raise ValueError(f"unknown advantage kind {kind!r}; expected one of {ADVANTAGE_KINDS}") from None
+    return fn(rewards, groups, **kwargs)

@@ -1,0 +1,204 @@
+"""The optimizer step: log-probs of sampled tokens, mini-batches, micro-batch accumulation, AdamW.
+
+A ``PolicyTrainer`` owns one set of weights and its optimizer. One policy in two roles is one
+trainer fed samples of both roles; a generator and a solver are two trainers.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from coevolve.rl.losses import policy_loss
+from coevolve.rollout.hf import left_pad, position_ids_from_mask
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainSample:
+    """One sampled completion ready for the policy-gradient update."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    rollout_logprobs: list[float]
+    advantage: float
+    role: str = "solver"
+
+
+@dataclass
+class UpdateSettings:
+    """What one update does; mirrors the ``train`` section of the run config."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    mini_batch_size: int = 0  # sequences per optimizer step; 0 = the whole batch
+    micro_batch_size: int = 8  # sequences per forward/backward pass
+    epochs: int = 1  # passes over the rollout batch (PPO epochs)
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    tis_cap: float | None = None
+    kl_beta: float = 0.0
+    loss_agg: str = "seq_mean"  # seq_mean (GRPO) | token_sum_norm (Dr.GRPO) | token_mean (DAPO)
+    norm_constant: int | None = None  # Dr.GRPO's C; defaults to max_new_tokens
+    temperature: float = 1.0  # sampling temperature: log-probs are taken under logits / temperature
+    lora: dict | None = None  # peft LoraConfig kwargs, e.g. {"r": 8, "lora_alpha": 16}
+    extra: dict = field(default_factory=dict)
+
+
+def sequence_logprobs(model, samples: Sequence[TrainSample], pad_id: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of each sample's completion tokens under ``model``: ([B, T], mask [B, T]).
+
+    Prompts and completions are left-padded together, so every completion ends at the right edge
+    and only the last T positions' logits are computed (T = the longest completion).
+    """
+    device = next(model.parameters()).device
+    ids, attention = left_pad([s.prompt_ids + s.completion_ids for s in samples], pad_id)
+    ids, attention = ids.to(device), attention.to(device)
+    width = max(len(s.completion_ids) for s in samples)
+    logits = model(input_ids=ids, attention_mask=attention, position_ids=position_ids_from_mask(attention),
+                   logits_to_keep=width + 1, use_cache=False).logits[:, :-1, :].float()
+    if temperature > 0:
+        logits = logits / temperature
+    targets = ids[:, -width:]
+    logprobs = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]
+    mask = torch.zeros_like(logprobs)
+    for row, s in enumerate(samples):
+        if s.completion_ids:
+            mask[row, width - len(s.completion_ids):] = 1.0
+    return logprobs, mask
+
+
+def _right_aligned(values: Sequence[Sequence[float]], width: int) -> torch.Tensor:
+    out = torch.zeros(len(values), width)
+    for row, v in enumerate(values):
+        if v:
+            out[row, width - len(v):] = torch.tensor(v, dtype=torch.float32)
+    return out
+
+
+class PolicyTrainer:
+    """AdamW policy-gradient updates of one model (optionally LoRA), with an optional frozen reference."""
+
+    def __init__(self, model, tokenizer, settings: UpdateSettings, *, seed: int = 0):
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.seed = seed
+        if settings.lora:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **settings.lora))
+        self.model = model
+        self.reference = None
+        if settings.kl_beta > 0 and not settings.lora:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas,
+                                           weight_decay=settings.weight_decay)
+        self.updates_done = 0
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    @torch.no_grad()
+    def _frozen_logprobs(self, model, samples: Sequence[TrainSample]) -> torch.Tensor:
+        was_training = model.training
+        model.eval()
+        chunks = []
+        width = max(len(s.completion_ids) for s in samples)
+        for start in range(0, len(samples), self.settings.micro_batch_size):
+            part = samples[start:start + self.settings.micro_batch_size]
+            lp, _ = sequence_logprobs(model, part, self.pad_id, self.settings.temperature)
+            chunks.append(torch.nn.functional.pad(lp, (width - lp.shape[1], 0)))
+        model.train(was_training)
+        return torch.cat(chunks)
+
+    def _reference_logprobs(self, samples: Sequence[TrainSample]) -> torch.Tensor | None:
+        if self.settings.kl_beta <= 0:
+            return None
+        if self.reference is not None:
+            return self._frozen_logprobs(self.reference, samples)
+        with self.model.disable_adapter():  # LoRA: the base weights are the reference
+            return self._frozen_logprobs(self.model, samples)
+
+    def update(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """Run ``epochs`` passes of mini-batch AdamW steps over the samples; returns mean statistics.
+
+        A mini-batch whose loss or gradient is not finite is skipped (no optimizer step) and counted
+        in ``skipped_steps``.
+        """
+        samples = [s for s in samples if s.completion_ids]
+        if not samples:
+            return {"loss": 0.0, "optimizer_steps": 0, "skipped_steps": 0}
+        st = self.settings
+        width = max(len(s.completion_ids) for s in samples)
+        old = self._frozen_logprobs(self.model, samples)
+        ref = self._reference_logprobs(samples)
+        rollout = _right_aligned([s.rollout_logprobs for s in samples], width)
+        order_rng = random.Random(self.seed * 1_000_003 + self.updates_done)
+        mini = st.mini_batch_size or len(samples)
+        totals: dict[str, float] = {}
+        steps = skipped = 0
+        self.model.train()
+        for _ in range(st.epochs):
+            order = list(range(len(samples)))
+            order_rng.shuffle(order)
+            for start in range(0, len(order), mini):
+                stats = self._optimizer_step(samples, order[start:start + mini], old, ref, rollout, width)
+                if stats is None:
+                    skipped += 1
+                    continue
+                steps += 1
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+        self.model.eval()
+        self.updates_done += 1
+        result = {k: v / max(steps, 1) for k, v in totals.items()}
+        result.update(optimizer_steps=steps, skipped_steps=skipped)
+        return result
+
+    def _optimizer_step(self, samples, indices, old, ref, rollout, width) -> dict[str, float] | None:
+        st = self.settings
+        self.optimizer.zero_grad(set_to_none=True)
+        batch = [samples[i] for i in indices]
+        total_tokens = sum(len(s.completion_ids) for s in batch)
+        agg_totals = {"total_tokens": total_tokens, "total_sequences": len(batch)}
+        stats_sum: dict[str, float] = {}
+        loss_sum = 0.0
+        for start in range(0, len(indices), st.micro_batch_size):
+            idx = indices[start:start + st.micro_batch_size]
+            part = [samples[i] for i in idx]
+            logprobs, mask = sequence_logprobs(self.model, part, self.pad_id, st.temperature)
+            cols = slice(width - logprobs.shape[1], width)
+            loss, stats = policy_loss(
+                logprobs, old[idx, cols], torch.tensor([s.advantage for s in part], dtype=torch.float32), mask,
+                clip_low=st.clip_low, clip_high=st.clip_high, tis_cap=st.tis_cap,
+                rollout_logprobs=rollout[idx, cols] if st.tis_cap else None,
+                ref_logprobs=ref[idx, cols] if ref is not None else None, beta=st.kl_beta,
+                agg=st.loss_agg, norm_constant=st.norm_constant, **agg_totals,
+            )
+            if not torch.isfinite(loss) or stats.get("nonfinite"):
+                log.warning("non-finite loss in a mini-batch; optimizer step skipped")
+                self.optimizer.zero_grad(set_to_none=True)
+                return None
+            loss.backward()
+            loss_sum += float(loss)
+            for k, v in stats.items():
+                stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * len(part) / len(batch)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, st.grad_clip if st.grad_clip > 0 else math.inf))
+        if not math.isfinite(grad_norm):
+            log.warning("non-finite gradient norm; optimizer step skipped")
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        self.optimizer.step()
+        return {"loss": loss_sum, "grad_norm": grad_norm, **stats_sum}

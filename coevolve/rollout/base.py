@@ -1,0 +1,42 @@
+"""The rollout interface every sampling engine implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: temperature 0 means greedy; top_k 0 and top_p 1 mean no truncation."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class Completion:
+    """One sampled continuation of one prompt.
+
+    ``logprobs[t]`` is the log-probability the sampler gave ``token_ids[t]`` under the
+    temperature-scaled distribution (before top-p / top-k truncation), the quantity the
+    trainer recomputes as pi_old for the PPO ratio.
+    """
+
+    prompt: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "length"  # "eos" | "stop" | "length"
+
+
+class RolloutEngine(Protocol):
+    """Samples completions for many prompts in one call, reproducibly for a given seed."""
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
+        """Return one completion per prompt, in prompt order (repeat a prompt for a group)."""
+        ...

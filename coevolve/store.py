@@ -1,0 +1,250 @@
+"""The run directory: config, metrics, samples, checkpoints, summary; atomic writes and resume.
+
+Layout::
+
+    RUN/config.yaml                 resolved config
+    RUN/metrics.jsonl               one JSON object per training step and per evaluation
+    RUN/samples/step_000012.jsonl   every prompt, completion, answer, label and reward term of a step
+    RUN/checkpoints/step_000012/    <role>.safetensors, <role>.optim.safetensors, state.json, rng.safetensors
+    RUN/eval/step_000012/           per-question evaluation results
+    RUN/tb/                         TensorBoard event files
+    RUN/summary.json                written when the run finishes
+
+A step counts as completed once its checkpoint directory exists (it is renamed into place). On
+resume, metric rows and sample files of later steps are removed, so no step is lost or repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
+
+STEP_DIR = "step_{:06d}"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file so that readers see either the old or the new content, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (np.floating, np.integer)):
+        return _jsonable(value.item())
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return _jsonable(value.item())
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def dumps(record: Mapping[str, Any]) -> str:
+    """One JSON line; NaN and inf become null so every line stays valid JSON."""
+    return json.dumps(_jsonable(dict(record)), ensure_ascii=False)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Read a JSONL file, ignoring a torn last line left by a killed writer."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+class RunStore:
+    """Reads and writes one run directory."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.metrics_path = self.root / "metrics.jsonl"
+        self.samples_dir = self.root / "samples"
+        self.checkpoints_dir = self.root / "checkpoints"
+        self.eval_dir = self.root / "eval"
+
+    # -- metrics and samples -------------------------------------------------------------------------
+    def append_metrics(self, record: Mapping[str, Any]) -> None:
+        """Append one row to metrics.jsonl and flush it to disk."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_path, "a") as handle:
+            handle.write(dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def metrics(self) -> list[dict]:
+        return read_jsonl(self.metrics_path)
+
+    def write_samples(self, step: int, records: Iterable[Mapping[str, Any]]) -> None:
+        """Write the samples of one step (atomically, one file per step)."""
+        text = "".join(dumps(r) + "\n" for r in records)
+        atomic_write_text(self.samples_dir / f"{STEP_DIR.format(step)}.jsonl", text)
+
+    def samples(self, step: int) -> list[dict]:
+        return read_jsonl(self.samples_dir / f"{STEP_DIR.format(step)}.jsonl")
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def checkpoint_steps(self) -> list[int]:
+        """Steps with a complete checkpoint, ascending."""
+        if not self.checkpoints_dir.exists():
+            return []
+        steps = []
+        for child in self.checkpoints_dir.iterdir():
+            if child.is_dir() and child.name.startswith("step_") and (child / "state.json").exists():
+                steps.append(int(child.name.removeprefix("step_")))
+        return sorted(steps)
+
+    def save_checkpoint(self, step: int, models: Mapping[str, torch.nn.Module],
+                        optimizers: Mapping[str, torch.optim.Optimizer], state: Mapping[str, Any],
+                        keep: int = 2) -> Path:
+        """Save weights, optimizer and RNG state and the recipe's state; rename into place when complete."""
+        self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
+        final = self.checkpoints_dir / STEP_DIR.format(step)
+        tmp = Path(tempfile.mkdtemp(dir=self.checkpoints_dir, prefix=f".{final.name}."))
+        for role, model in models.items():
+            save_model(model, str(tmp / f"{role}.safetensors"))
+        optimizer_meta = {}
+        for role, optimizer in optimizers.items():
+            tensors, meta = _flatten_optimizer(optimizer)
+            save_file(tensors, str(tmp / f"{role}.optim.safetensors"))
+            optimizer_meta[role] = meta
+        save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        full_state = {"step": step, "optimizers": optimizer_meta, "python_rng": _py_rng_state(),
+                      "numpy_rng": _np_rng_state(), "recipe": state}
+        (tmp / "state.json").write_text(dumps(full_state))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in self.checkpoint_steps()[:-keep]:
+            shutil.rmtree(self.checkpoints_dir / STEP_DIR.format(old), ignore_errors=True)
+        return final
+
+    def load_checkpoint(self, step: int, models: Mapping[str, torch.nn.Module],
+                        optimizers: Mapping[str, torch.optim.Optimizer]) -> dict[str, Any]:
+        """Restore weights, optimizer and RNG state in place; returns the recipe's saved state."""
+        folder = self.checkpoints_dir / STEP_DIR.format(step)
+        state = json.loads((folder / "state.json").read_text())
+        for role, model in models.items():
+            load_model(model, str(folder / f"{role}.safetensors"))
+        for role, optimizer in optimizers.items():
+            _restore_optimizer(optimizer, load_file(str(folder / f"{role}.optim.safetensors")),
+                               state["optimizers"][role])
+        torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])
+        random.setstate(_tuple_state(state["python_rng"]))
+        np.random.set_state(tuple(state["numpy_rng"][:1]) + (np.array(state["numpy_rng"][1], dtype=np.uint32),)
+                            + tuple(state["numpy_rng"][2:]))
+        return state["recipe"]
+
+    def truncate_after(self, step: int) -> None:
+        """Forget everything logged after ``step`` (metrics rows, samples, eval outputs, partial checkpoints)."""
+        rows = [r for r in self.metrics() if r.get("step", -1) <= step]
+        atomic_write_text(self.metrics_path, "".join(dumps(r) + "\n" for r in rows))
+        for folder, suffix in ((self.samples_dir, ".jsonl"), (self.eval_dir, "")):
+            if not folder.exists():
+                continue
+            for child in folder.iterdir():
+                name = child.name.removesuffix(suffix) if suffix else child.name
+                if name.startswith("step_") and int(name.removeprefix("step_")) > step:
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if self.checkpoints_dir.exists():
+            for child in self.checkpoints_dir.iterdir():
+                if child.name.startswith("."):  # a checkpoint that never finished writing
+                    shutil.rmtree(child, ignore_errors=True)
+
+
+def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Optimizer state as named tensors (for safetensors) plus JSON metadata (no pickle)."""
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, slots in sd["state"].items():
+        for name, value in slots.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index}.{name}"] = value.contiguous()
+            else:
+                scalars[f"{index}.{name}"] = value
+    if not tensors:
+        tensors["__empty__"] = torch.zeros(1)
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    state: dict[int, dict] = {}
+    for key, value in list(tensors.items()) + list(meta["scalars"].items()):
+        if key == "__empty__":
+            continue
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def _py_rng_state() -> list:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _tuple_state(saved: list) -> tuple:
+    return (saved[0], tuple(saved[1]), saved[2])
+
+
+def _np_rng_state() -> list:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+
+
+def load_run_policy(target: str, checkpoint: int | None = None):
+    """A model to evaluate: a run directory's checkpoint (latest unless ``checkpoint``), else a model name/path.
+
+    Returns (policy, the run's evaluation sets or None, a label for output folders).
+    """
+    import yaml
+
+    from coevolve.models import load_policy
+
+    root = Path(target)
+    if not (root / "config.yaml").exists():
+        return load_policy(target), None, "model"
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    store = RunStore(root)
+    steps = store.checkpoint_steps()
+    if not steps:
+        raise FileNotFoundError(f"{root} has no completed checkpoint yet")
+    step = steps[-1] if checkpoint is None else checkpoint
+    folder = store.checkpoints_dir / STEP_DIR.format(step)
+    if not folder.exists():
+        raise FileNotFoundError(f"{root} has no checkpoint for step {step} (have: {steps})")
+    role = "solver" if (folder / "solver.safetensors").exists() else "policy"
+    policy = load_policy(config["model"], trust_remote_code=bool(config.get("trust_remote_code")))
+    lora = (config.get("train") or {}).get("lora")
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        policy.model = get_peft_model(policy.model, LoraConfig(task_type="CAUSAL_LM", **lora))
+    load_model(policy.model, str(folder / f"{role}.safetensors"))
+    policy.model.eval()
+    return policy, config.get("eval_sets"), STEP_DIR.format(step)

