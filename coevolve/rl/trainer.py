@@ -191,9 +191,11 @@ class PolicyTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 return None
             loss.backward()
-            loss_sum += float(loss)
+            loss_sum += float(loss.detach())
+            share = stats["n_tokens"] / max(total_tokens, 1)  # token-level statistics, weighted by tokens
             for k, v in stats.items():
-                stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * len(part) / len(batch)
+                if k not in ("n_tokens", "n_sequences", "nonfinite"):
+                    stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * share
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, st.grad_clip if st.grad_clip > 0 else math.inf))
         if not math.isfinite(grad_norm):

@@ -1,0 +1,131 @@
+"""Command line: ``coevolve run | eval | recipes | report | compare``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Self-evolving reasoning: a generator writes questions, a solver learns to answer them.")
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def recipes() -> None:
+    """List the recipes, one line each."""
+    from coevolve.recipes import RECIPES
+
+    for name in sorted(RECIPES):
+        cls = RECIPES[name]
+        presets = ",".join(sorted(cls.presets)) or "-"
+        typer.echo(f"{name:<12} {cls.summary}  [presets: {presets}]")
+
+
+@app.command()
+def run(
+    recipe: Optional[str] = typer.Argument(None, help="recipe name (see `coevolve recipes`)"),
+    preset: Optional[str] = typer.Option(None, "--preset", help="named defaults shipped with the recipe"),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML config file"),
+    set_: list[str] = typer.Option([], "--set", help="override a key: --set train.lr=1e-4 (repeatable)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<recipe>-<time>)"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this directory"),
+    quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
+) -> None:
+    """Train with a recipe; everything the run produces goes to its run directory."""
+    from coevolve.config import ConfigError
+    from coevolve.loop import RunExistsError
+    from coevolve.loop import run as run_loop
+    from coevolve.models import ModelNotFoundError
+    from coevolve.recipes import resolve, resolve_saved
+    from coevolve.tasks.registry import TaskDataError
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if resume is not None:
+            if not (resume / "config.yaml").exists():
+                _fail(f"{resume} is not a run directory (no config.yaml)", 2)
+            cfg, params, cls = resolve_saved(str(resume / "config.yaml"), set_)
+            if recipe is not None and recipe != cfg.recipe:
+                _fail(f"{resume} holds a {cfg.recipe} run, not {recipe}", 2)
+            out_dir = resume
+        else:
+            if recipe is None:
+                _fail("name a recipe (coevolve recipes lists them) or pass --resume DIR", 2)
+            cfg, params, cls = resolve(recipe, preset=preset, config_file=str(config) if config else None, sets=set_)
+            out_dir = out or Path("runs") / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+            if (out_dir / "config.yaml").exists():
+                _fail(f"{out_dir} already holds a run: use --resume {out_dir} or another --out", 2)
+    except ConfigError as exc:
+        _fail(str(exc), 2)
+    try:
+        instance = cls(cfg, params)
+        typer.echo(f"run directory: {out_dir}", err=True)
+        summary = run_loop(instance, cfg, out_dir, resume=resume is not None, progress=not quiet)
+    except (ModelNotFoundError, TaskDataError, RunExistsError) as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        _fail(f"interrupted; continue with: coevolve run --resume {out_dir}", 130)
+    final = summary.get("final_eval") or {}
+    accs = "  ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in final.items() if k.startswith("eval/"))
+    typer.echo(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s  {accs}")
+
+
+@app.command("eval")
+def eval_(
+    target: str = typer.Argument(..., help="model name, local model folder, or run directory"),
+    sets: str = typer.Option(None, "--sets", "--task", help="comma-separated evaluation sets (default: the run's)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="seeded subset of this many questions per set"),
+    n: int = typer.Option(1, "--n", help="samples per question (avg@n, pass@k)"),
+    k: Optional[int] = typer.Option(None, "--k", help="k for pass@k (default n)"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    checkpoint: Optional[int] = typer.Option(None, "--checkpoint", help="run dir: which step (default latest)"),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with the benchmark files"),
+    seed: int = typer.Option(0, "--seed"),
+    out: Optional[Path] = typer.Option(None, "--out", help="where to write per-question results"),
+) -> None:
+    """Evaluate a model or a run's checkpoint on evaluation sets."""
+    from coevolve.evaluation.harness import evaluate
+    from coevolve.evaluation.benchmarks import DataNotFoundError
+    from coevolve.models import ModelNotFoundError
+    from coevolve.recipes import default_eval_sets
+    from coevolve.store import load_run_policy
+    from coevolve.rollout.hf import HFRolloutEngine
+
+    try:
+        policy, default_sets, label = load_run_policy(target, checkpoint)
+    except (ModelNotFoundError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    set_names = [s.strip() for s in sets.split(",")] if sets else (default_sets or default_eval_sets("arith"))
+    out_dir = out or (Path(target) / "eval" / label if Path(target, "config.yaml").exists() else None)
+    engine = HFRolloutEngine(policy.model, policy.tokenizer, eos_token_ids=policy.eos_token_ids)
+    try:
+        summaries = evaluate(policy, engine, set_names, n_samples=n, k=k or n, temperature=temperature, top_p=top_p,
+                             max_new_tokens=max_new_tokens, limit=limit, seed=seed,
+                             data_dir=str(data_dir) if data_dir else None, out_dir=out_dir, progress=True)
+    except (DataNotFoundError, KeyError) as exc:
+        _fail(str(exc).strip("'\""))
+    for name, s in summaries.items():
+        extras = "  ".join(f"{key} {val:.3f}" for key, val in s.items()
+                           if key.startswith(("pass@", "avg@")) and isinstance(val, float))
+        typer.echo(f"{name:<14} accuracy {s['accuracy']:.3f}  {extras}  n={s['n_questions']}  {s['seconds']:.1f}s")
+    if out_dir:
+        typer.echo(f"results: {out_dir}")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,127 @@
+"""The one training loop every recipe runs in: step, log, evaluate, checkpoint, resume."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from coevolve.config import RunConfig, to_yaml
+from coevolve.recipes.base import Recipe
+from coevolve.store import RunStore, atomic_write_text, dumps
+
+log = logging.getLogger(__name__)
+
+
+class RunExistsError(RuntimeError):
+    """The output directory already holds a run; resume it or choose another directory."""
+
+
+def _tensorboard(root: Path, purge_step: int | None):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is a dependency; a broken install only loses the event files
+        log.warning("tensorboard is not importable; no event files will be written")
+        return None
+    return SummaryWriter(str(root / "tb"), purge_step=purge_step)
+
+
+def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: int) -> dict[str, float]:
+    """Greedy accuracy of the recipe's solver on the configured evaluation sets (one metrics row)."""
+    from coevolve.evaluation.harness import evaluate
+
+    if not config.eval_sets:
+        return {}
+    policy = recipe.solver()
+    started = time.perf_counter()
+    summaries = evaluate(policy, recipe.engine(policy), config.eval_sets, temperature=0.0,
+                         max_new_tokens=config.eval_max_new_tokens, limit=config.eval_limit,
+                         seed=config.seed, data_dir=config.data_dir,
+                         out_dir=store.eval_dir / f"step_{step:06d}", progress=False)
+    row = {f"eval/{name}/accuracy": s["accuracy"] for name, s in summaries.items()}
+    row["time/eval_s"] = time.perf_counter() - started
+    return row
+
+
+def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool = False,
+        progress: bool = True) -> dict[str, Any]:
+    """Train for ``config.steps`` steps in ``out_dir`` (continuing from its last checkpoint if ``resume``)."""
+    store = RunStore(out_dir)
+    trainers = recipe.trainers()
+    models = {role: t.model for role, t in trainers.items()}
+    optimizers = {role: t.optimizer for role, t in trainers.items()}
+    start, elapsed_before = 1, 0.0
+    if resume:
+        done = store.checkpoint_steps()
+        if done:
+            state = store.load_checkpoint(done[-1], models, optimizers)
+            recipe.load_state_dict(state["loop_recipe"])
+            for role, t in trainers.items():
+                t.updates_done = state["updates_done"][role]
+            start, elapsed_before = done[-1] + 1, state["time_s"]
+            store.truncate_after(done[-1])
+        else:
+            store.truncate_after(-1)
+    else:
+        if (store.root / "config.yaml").exists():
+            raise RunExistsError(f"{store.root} already holds a run: pass --resume {store.root} or another --out")
+        store.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(store.root / "config.yaml", to_yaml(config))
+    writer = _tensorboard(store.root, purge_step=start if resume else None)
+    t0 = time.perf_counter()
+
+    def now() -> float:
+        return elapsed_before + time.perf_counter() - t0
+
+    def log_row(step: int, row: dict[str, Any]) -> None:
+        row = {"step": step, "time_s": round(now(), 3), **row}
+        store.append_metrics(row)
+        if writer is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    writer.add_scalar(key, value, step)
+            writer.flush()
+
+    if start == 1 and config.eval_sets:
+        log_row(0, evaluate_solver(recipe, config, store, 0))
+    bar = tqdm(range(start, config.steps + 1), initial=start - 1, total=config.steps, desc=config.recipe,
+               disable=not progress, dynamic_ncols=True)
+    last_metrics: dict[str, Any] = {}
+    for step in bar:
+        started = time.perf_counter()
+        out = recipe.step(step)
+        out.metrics["time/step_s"] = time.perf_counter() - started
+        store.write_samples(step, out.samples)
+        log_row(step, out.metrics)
+        last_metrics = out.metrics
+        if config.eval_sets and ((config.eval_every and step % config.eval_every == 0) or step == config.steps):
+            eval_row = evaluate_solver(recipe, config, store, step)
+            log_row(step, eval_row)
+            bar.write(f"step {step}: " + "  ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in eval_row.items()
+                                                   if k.startswith("eval/")))
+        if step % config.checkpoint_every == 0 or step == config.steps:
+            store.save_checkpoint(step, models, optimizers, {
+                "time_s": now(), "loop_recipe": recipe.state_dict(),
+                "updates_done": {role: t.updates_done for role, t in trainers.items()},
+            }, keep=config.keep_checkpoints)
+        bar.set_postfix({k.split("/", 1)[-1]: round(v, 3) for k, v in out.metrics.items()
+                         if k.endswith("reward_mean") and isinstance(v, float)})
+    bar.close()
+    if writer is not None:
+        writer.close()
+    rows = store.metrics()
+    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    summary = {
+        "recipe": config.recipe, "model": config.model, "task": config.task, "seed": config.seed,
+        "steps": config.steps, "wall_s": round(now(), 3),
+        "skipped_steps": sum(int(r.get("skipped_steps", 0) or 0) for r in rows if "eval/" not in str(r)),
+        "first_eval": evals[0] if evals else None, "final_eval": evals[-1] if evals else None,
+        "last_step_metrics": last_metrics, "torch": torch.__version__,
+    }
+    atomic_write_text(store.root / "summary.json", dumps(summary) + "\n")
+    return summary

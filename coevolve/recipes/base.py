@@ -1,0 +1,145 @@
+"""What every recipe is: typed parameters, presets, models to checkpoint, and one training step.
+
+Recipes subclass ``Recipe`` and register with ``@register``. Mechanics shared by recipes (group
+sampling, step seeds, sample records) live here so a recipe file reads like its paper's algorithm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from coevolve.config import RunConfig
+from coevolve.models import Policy, load_policy
+from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
+from coevolve.rollout import Completion, SamplingParams
+from coevolve.rollout.hf import HFRolloutEngine
+
+RECIPES: dict[str, type["Recipe"]] = {}
+
+
+class RecipeParams(BaseModel):
+    """Base of each recipe's ``params`` section (unknown keys are errors)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class StepOutput:
+    """What one training step produced: a metrics row (without step/time) and sample records."""
+
+    metrics: dict[str, Any] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def register(cls: type["Recipe"]) -> type["Recipe"]:
+    RECIPES[cls.name] = cls
+    return cls
+
+
+def step_seed(seed: int, step: int, purpose: str) -> int:
+    """A seed derived from (run seed, step, purpose), so a resumed run samples what it would have."""
+    digest = hashlib.sha256(f"{seed}:{step}:{purpose}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+class Recipe:
+    """One method. Subclasses set ``name``, ``summary``, ``Params`` and ``presets`` and implement ``step``."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    Params: ClassVar[type[RecipeParams]] = RecipeParams
+    defaults: ClassVar[dict[str, Any]] = {}
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def __init__(self, config: RunConfig, params: RecipeParams):
+        self.config = config
+        self.params = params
+        self.sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
+                                       top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens)
+
+    # --- what the loop needs ----------------------------------------------------------------------
+    def trainers(self) -> dict[str, PolicyTrainer]:
+        """Trainers by role name; their models and optimizers are checkpointed."""
+        raise NotImplementedError
+
+    def solver(self) -> Policy:
+        """The policy that evaluation measures."""
+        raise NotImplementedError
+
+    def step(self, step: int) -> StepOutput:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able recipe state beyond weights and optimizers (pools, counts); saved with checkpoints."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+
+    # --- shared mechanics -------------------------------------------------------------------------
+    def load_policy(self, name: str | None = None) -> Policy:
+        return load_policy(name or self.config.model, trust_remote_code=self.config.trust_remote_code)
+
+    def make_trainer(self, policy: Policy, **overrides: Any) -> PolicyTrainer:
+        """A trainer for ``policy`` with the run's ``train`` settings (keyword overrides per role)."""
+        train = self.config.train
+        settings = UpdateSettings(
+            lr=train.lr, weight_decay=train.weight_decay, grad_clip=train.grad_clip,
+            mini_batch_size=train.mini_batch_size, micro_batch_size=train.micro_batch_size, epochs=train.epochs,
+            clip_low=train.clip_low, clip_high=train.clip_high, tis_cap=train.tis_cap, kl_beta=train.kl_beta,
+            loss_agg=train.loss_agg, norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
+            temperature=self.config.rollout.temperature,
+            lora=train.lora.model_dump() if train.lora else None,
+        )
+        for key, value in overrides.items():
+            setattr(settings, key, value)
+        trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
+        policy.model = trainer.model  # LoRA wraps the model; sampling uses the wrapped one
+        return trainer
+
+    def engine(self, policy: Policy) -> HFRolloutEngine:
+        return HFRolloutEngine(policy.model, policy.tokenizer, batch_size=self.config.rollout.batch_size,
+                               eos_token_ids=policy.eos_token_ids)
+
+    def sample_groups(self, policy: Policy, prompts: Sequence[str], group_size: int, seed: int,
+                      params: SamplingParams | None = None) -> list[list[Completion]]:
+        """``group_size`` completions for each prompt, returned as one list per prompt."""
+        flat = self.engine(policy).generate([p for p in prompts for _ in range(group_size)],
+                                            params or self.sampling, seed)
+        return [flat[i * group_size:(i + 1) * group_size] for i in range(len(prompts))]
+
+
+def train_samples(completions: Sequence[Completion], advantages: Sequence[float], role: str) -> list[TrainSample]:
+    """Pair each completion with its advantage for the policy update."""
+    return [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float(a), role)
+            for c, a in zip(completions, advantages)]
+
+
+def mean(values: Sequence[float]) -> float:
+    """Mean of a list; NaN (logged as null) for an empty one."""
+    return statistics.fmean(values) if len(values) else float("nan")
+
+
+def role_metrics(role: str, stats: Mapping[str, float]) -> dict[str, float]:
+    """Trainer statistics as ``<role>/<name>`` metrics (skipped steps stay a top-level count)."""
+    return {("skipped_steps" if k == "skipped_steps" else f"{role}/{k}"): v for k, v in stats.items()}
+
+
+class PhaseTimer(dict):
+    """Seconds per phase as ``time/<phase>_s`` metrics: ``with timer("solve"): ...``."""
+
+    @contextmanager
+    def __call__(self, phase: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            key = f"time/{phase}_s"
+            self[key] = self.get(key, 0.0) + time.perf_counter() - started

@@ -1,0 +1,128 @@
+"""Tasks as recipes see them: prompts, answer parsing, ground-truth grading, training problems, oracle.
+
+``arith`` is the toy world with an exact checker; ``math`` is free-form answers in ``\\boxed{}``
+(training problems from GSM8K train). A recipe only calls the methods of ``Task``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from coevolve.tasks import arith
+
+
+class TaskDataError(RuntimeError):
+    """A task's data is missing or empty; the message says what to pass."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A question with its reference answer as text (and, in the toy world, its fact sheet and level)."""
+
+    question: str
+    answer: str
+    doc: str | None = None
+    level: int | None = None
+
+
+class Task:
+    """Interface every task implements."""
+
+    name: str
+
+    def solver_prompt(self, question: str, doc: str | None, style: str) -> str:
+        raise NotImplementedError
+
+    def parse_answer(self, completion: str, style: str) -> str | None:
+        raise NotImplementedError
+
+    def is_correct(self, answer: str | None, gold: str) -> bool:
+        """Ground-truth grading (only the ``grpo`` baseline and evaluation use it)."""
+        raise NotImplementedError
+
+    def training_problems(self, rng: random.Random, n: int, **options: Any) -> list[Problem]:
+        raise NotImplementedError
+
+    def oracle(self, question: str | None, doc: str | None, answer: str | None = None,
+               label: str | None = None) -> dict[str, Any] | None:
+        """Exact-checker facts for analytics (toy world only; None elsewhere). Never a training reward."""
+        return None
+
+
+def _as_int(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text.strip().replace(",", ""))
+    except ValueError:
+        return None
+
+
+class ArithTask(Task):
+    name = "arith"
+
+    def solver_prompt(self, question, doc, style):
+        return arith.solver_prompt(question, doc, style)
+
+    def parse_answer(self, completion, style):
+        return arith.parse_answer(completion, style)
+
+    def is_correct(self, answer, gold):
+        value = _as_int(answer)
+        return value is not None and value == _as_int(gold)
+
+    def training_problems(self, rng, n, *, levels: Sequence[int] = (1, 2, 3), grounded: bool = False, **_):
+        return [Problem(p.question, str(p.answer), p.doc, p.level)
+                for p in arith.sample_problems(n, rng, levels=levels, grounded=grounded)]
+
+    def oracle(self, question, doc, answer=None, label=None):
+        truth = arith.evaluate(question, doc) if question else None
+        if truth is None:
+            return None
+        return {"answer": str(truth), "level": arith.level_of(question, doc),
+                "correct": _as_int(answer) == truth if answer is not None else None,
+                "label_correct": _as_int(label) == truth if label is not None else None}
+
+
+class MathTask(Task):
+    name = "math"
+
+    def __init__(self, data_dir: str | None = None):
+        self.data_dir = data_dir
+        self._train: list[Problem] | None = None
+
+    def solver_prompt(self, question, doc, style):
+        from coevolve.tasks import math as math_task
+
+        return math_task.solver_prompt(question)
+
+    def parse_answer(self, completion, style):
+        from coevolve.tasks import math as math_task
+
+        return math_task.parse_answer(completion)
+
+    def is_correct(self, answer, gold):
+        from coevolve.grading.equivalence import answers_equivalent
+
+        return answers_equivalent(answer, gold)
+
+    def training_problems(self, rng, n, *, split: str = "train", **_):
+        if self._train is None:
+            from coevolve.evaluation.benchmarks import load_benchmark
+
+            items = load_benchmark("gsm8k_train" if split == "train" else split, data_dir=self.data_dir)
+            self._train = [Problem(item.question, item.answer) for item in items]
+            if not self._train:
+                raise TaskDataError(f"the math training split {split!r} is empty")
+        return rng.sample(self._train, min(n, len(self._train)))
+
+
+def get_task(name: str, data_dir: str | None = None) -> Task:
+    """The task called ``name`` (arith or math)."""
+    if name == "arith":
+        return ArithTask()
+    if name == "math":
+        return MathTask(data_dir)
+    raise TaskDataError(f"unknown task {name!r} (known: arith, math)")

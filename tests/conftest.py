@@ -1,0 +1,30 @@
+"""Shared fixtures: small random models with the tiny-arith tokenizer (no pretraining, no network)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture
+def random_policy():
+    """A 2-layer random Llama with the character-level tokenizer, wrapped as a Policy."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from coevolve.models import Policy
+    from coevolve.models.tiny_arith import build_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer()
+    tokenizer.padding_side = "left"
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    model = LlamaForCausalLM(config).eval()
+    return Policy(name="random", model=model, tokenizer=tokenizer, prompt_style="compact")

@@ -1,0 +1,113 @@
+"""The sampling engine and the trainer agree on log-probs; sampling is reproducible; updates move the model."""
+
+from __future__ import annotations
+
+import torch
+
+from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings, sequence_logprobs
+from coevolve.rollout import SamplingParams
+from coevolve.rollout.hf import HFRolloutEngine, truncate_logits
+
+PROMPTS = ["Q:3+4=?\n", "Q:12*(3-5)+7=?\n", "W:\n", "D:a=3,b=7\nQ:a+b=?\n"]
+
+
+def _engine(policy):
+    return HFRolloutEngine(policy.model, policy.tokenizer, batch_size=3, eos_token_ids=policy.eos_token_ids)
+
+
+def test_sampling_is_reproducible_and_batched(random_policy):
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=20, max_new_tokens=12)
+    first = _engine(random_policy).generate(PROMPTS, params, seed=7)
+    again = _engine(random_policy).generate(PROMPTS, params, seed=7)
+    other = _engine(random_policy).generate(PROMPTS, params, seed=8)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again]
+    assert [c.token_ids for c in first] != [c.token_ids for c in other]
+    for c in first:
+        assert len(c.token_ids) == len(c.logprobs) <= 12
+        assert c.finish_reason in ("eos", "stop", "length")
+        assert c.text == random_policy.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+
+
+def test_greedy_matches_unbatched_greedy(random_policy):
+    """Left padding must not change what a prompt generates: batch of 4 == one at a time."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    together = _engine(random_policy).generate(PROMPTS, params, seed=0)
+    alone = [_engine(random_policy).generate([p], params, seed=0)[0] for p in PROMPTS]
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+
+
+def test_trainer_logprobs_equal_sampling_logprobs(random_policy):
+    params = SamplingParams(temperature=0.7, max_new_tokens=16)
+    completions = _engine(random_policy).generate(PROMPTS * 2, params, seed=3)
+    samples = [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, 1.0) for c in completions]
+    logprobs, mask = sequence_logprobs(random_policy.model, samples, random_policy.tokenizer.pad_token_id, 0.7)
+    width = logprobs.shape[1]
+    for row, c in enumerate(completions):
+        got = logprobs[row, width - len(c.token_ids):]
+        assert torch.allclose(got, torch.tensor(c.logprobs), atol=1e-4), (got, c.logprobs)
+        assert mask[row].sum() == len(c.token_ids)
+
+
+def test_stop_strings_end_a_completion(random_policy):
+    # "\n" is one character token; with enough samples some completion contains it
+    params = SamplingParams(temperature=1.5, max_new_tokens=24, stop=("\n",))
+    completions = _engine(random_policy).generate(["Q:1+1=?\n"] * 16, params, seed=1)
+    stopped = [c for c in completions if c.finish_reason == "stop"]
+    assert stopped, "no completion hit the stop string"
+    for c in stopped:
+        assert c.text.endswith("\n") and c.text.count("\n") == 1
+
+
+def test_truncate_logits_keeps_top_k_and_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(truncate_logits(logits, 2, 1.0)[0, 2:]).all()
+    kept = ~torch.isinf(truncate_logits(logits, 0, 0.7))
+    assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.7 so the second token is needed
+
+
+def test_update_raises_likelihood_of_positive_advantage(random_policy):
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    completions = _engine(random_policy).generate(["Q:2+2=?\n"] * 4, params, seed=5)
+    good, bad = completions[0], completions[1]
+    samples = [TrainSample(good.prompt_ids, good.token_ids, good.logprobs, 1.0),
+               TrainSample(bad.prompt_ids, bad.token_ids, bad.logprobs, -1.0)]
+    trainer = PolicyTrainer(random_policy.model, random_policy.tokenizer,
+                            UpdateSettings(lr=1e-2, micro_batch_size=1, epochs=3, temperature=1.0))
+    before, _ = sequence_logprobs(trainer.model, samples, trainer.pad_id, 1.0)
+    stats = trainer.update(samples)
+    after, _ = sequence_logprobs(trainer.model, samples, trainer.pad_id, 1.0)
+    assert stats["optimizer_steps"] == 3 and stats["skipped_steps"] == 0
+    width = before.shape[1]
+    gain = lambda lp, c: float(lp[width - len(c.token_ids):].sum())  # noqa: E731
+    assert gain(after[0], good) > gain(before[0], good)
+    assert gain(after[1], bad) < gain(before[1], bad)
+
+
+def test_nan_advantage_step_is_skipped(random_policy):
+    completions = _engine(random_policy).generate(["Q:2+2=?\n"] * 2, SamplingParams(max_new_tokens=6), seed=5)
+    samples = [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float("nan")) for c in completions]
+    trainer = PolicyTrainer(random_policy.model, random_policy.tokenizer, UpdateSettings(lr=1e-2))
+    weights = [p.detach().clone() for p in trainer.model.parameters()]
+    stats = trainer.update(samples)
+    assert stats["skipped_steps"] == 1 and stats["optimizer_steps"] == 0
+    assert all(torch.equal(w, p) for w, p in zip(weights, trainer.model.parameters()))
+
+
+def test_kl_reference_and_lora(random_policy):
+    from coevolve.models import Policy
+
+    completions = _engine(random_policy).generate(PROMPTS, SamplingParams(max_new_tokens=6), seed=2)
+    samples = [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, a) for c, a in zip(completions, [1, -1, 1, -1])]
+    trainer = PolicyTrainer(random_policy.model, random_policy.tokenizer,
+                            UpdateSettings(lr=1e-2, kl_beta=0.1, lora={"r": 4, "lora_alpha": 8,
+                                                                       "target_modules": ["q_proj", "v_proj"]}))
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in trainer.model.parameters())
+    assert 0 < trainable < total / 4
+    first = trainer.update(samples)
+    second = trainer.update(samples)
+    assert first["kl_mean"] == 0.0 or abs(first["kl_mean"]) < 1e-6  # adapters start at zero: policy == reference
+    assert second["kl_mean"] > 0.0
+    # the LoRA-wrapped model still samples
+    wrapped = Policy("lora", trainer.model, random_policy.tokenizer, "compact")
+    assert _engine(wrapped).generate(["W:\n"], SamplingParams(max_new_tokens=4), seed=0)[0].token_ids
