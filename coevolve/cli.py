@@ -96,7 +96,7 @@ def eval_(
 ) -> None:
     """Evaluate a model or a run's checkpoint on evaluation sets."""
     from coevolve.evaluation.harness import evaluate
-    from coevolve.evaluation.benchmarks import DataNotFoundError
+    from coevolve.evaluation.benchmarks import BenchmarkDataNotFound
     from coevolve.models import ModelNotFoundError
     from coevolve.recipes import default_eval_sets
     from coevolve.store import load_run_policy
@@ -113,7 +113,7 @@ def eval_(
         summaries = evaluate(policy, engine, set_names, n_samples=n, k=k or n, temperature=temperature, top_p=top_p,
                              max_new_tokens=max_new_tokens, limit=limit, seed=seed,
                              data_dir=str(data_dir) if data_dir else None, out_dir=out_dir, progress=True)
-    except (DataNotFoundError, KeyError) as exc:
+    except (BenchmarkDataNotFound, KeyError) as exc:
         _fail(str(exc).strip("'\""))
     for name, s in summaries.items():
         extras = "  ".join(f"{key} {val:.3f}" for key, val in s.items()

@@ -7,11 +7,15 @@ names the key, before anything is written.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(nan|inf)", re.IGNORECASE)
 
 
 class ConfigError(ValueError):
@@ -100,8 +104,8 @@ def parse_set(assignments: list[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
-        if isinstance(value, str) and value.strip().lower() in ("nan", ".nan"):
-            value = float("nan")
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
         node = nested
         parts = key.strip().split(".")
         for part in parts[:-1]:

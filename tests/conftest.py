@@ -28,3 +28,23 @@ def random_policy():
                          eos_token_id=tokenizer.eos_token_id)
     model = LlamaForCausalLM(config).eval()
     return Policy(name="random", model=model, tokenizer=tokenizer, prompt_style="compact")
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory):
+    """A random tiny Llama saved like a tiny-arith build (so it is read in the compact format)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from coevolve.models.tiny_arith import build_tokenizer
+
+    folder = tmp_path_factory.mktemp("random-tiny")
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "build_info.json").write_text('{"note": "random weights for tests"}\n')
+    return folder

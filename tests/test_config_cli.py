@@ -1,0 +1,104 @@
+"""The typed config: layering, validation errors (one line, exit code 2, nothing written), the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from coevolve.config import ConfigError, parse_set
+from coevolve.recipes import resolve
+
+
+def test_layers_override_in_order(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("steps: 7\ntrain:\n  lr: 0.001\n")
+    config, params, _ = resolve("grpo", preset="small", config_file=str(cfg_file),
+                                sets=["train.lr=2e-4", "params.group_size=4"])
+    assert config.steps == 7  # file beats preset (60)
+    assert config.train.lr == 2e-4  # --set beats file
+    assert params.group_size == 4 and config.params["group_size"] == 4
+    assert config.eval_sets == [f"arith_l{i}" for i in range(1, 7)]  # the task's default sets
+
+
+@pytest.mark.parametrize("sets, key", [
+    (["train.lrr=1"], "train.lrr"),
+    (["stepz=3"], "stepz"),
+    (["params.group_sise=3"], "params.group_sise"),
+    (["steps=many"], "steps"),
+    (["train.lr=-1"], "train.lr"),
+    (["train.loss_agg=mean"], "train.loss_agg"),
+])
+def test_bad_keys_name_the_key(sets, key):
+    with pytest.raises(ConfigError) as info:
+        resolve("grpo", sets=sets)
+    message = str(info.value)
+    assert f"'{key}'" in message and "\n" not in message
+
+
+def test_parse_set_types():
+    assert parse_set(["a.b=3", "c=[x, y]", "d=true", "e=1e-4", "f=hello"]) == {
+        "a": {"b": 3}, "c": ["x", "y"], "d": True, "e": 1e-4, "f": "hello"}
+    with pytest.raises(ConfigError):
+        parse_set(["novalue"])
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "coevolve.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_rejects_bad_config_and_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    result = _cli("run", "grpo", "--set", "train.lrr=1", "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["error: unknown config key 'train.lrr'"]
+    assert not out.exists()
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("steps: [1, 2\n")
+    result = _cli("run", "grpo", "--config", str(bad_yaml), "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 2 and "not valid YAML" in result.stderr and not out.exists()
+    result = _cli("run", "nosuch", cwd=tmp_path)
+    assert result.returncode == 2 and "unknown recipe 'nosuch'" in result.stderr
+
+
+def test_cli_lists_recipes(tmp_path):
+    result = _cli("recipes", cwd=tmp_path)
+    assert result.returncode == 0
+    assert any(line.startswith("grpo ") for line in result.stdout.splitlines())
+
+
+def test_missing_model_is_one_clear_line(tmp_path):
+    result = _cli("run", "grpo", "--set", "model=/no/such/model", "--out", str(tmp_path / "r"), "--quiet",
+                  cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: model path /no/such/model does not exist")
+    assert "Traceback" not in result.stderr
+
+
+def test_run_writes_the_run_directory(tmp_path, random_model_dir):
+    out = tmp_path / "run"
+    result = _cli("run", "grpo", "--set", f"model={random_model_dir}", "--set", "steps=2",
+                  "--set", "params.questions_per_step=2", "--set", "params.group_size=2",
+                  "--set", "eval_sets=[arith_l1]", "--set", "eval_limit=4", "--set", "rollout.max_new_tokens=8",
+                  "--out", str(out), "--quiet", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["steps"] == 2 and saved["recipe"] == "grpo"
+    rows = [yaml.safe_load(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "solver/reward_mean" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    assert all("time_s" in r for r in rows)
+    assert [r["step"] for r in rows if "eval/arith_l1/accuracy" in r] == [0, 2]
+    assert len((out / "samples" / "step_000001.jsonl").read_text().splitlines()) == 4
+    assert (out / "checkpoints" / "step_000002" / "solver.safetensors").exists()
+    assert (out / "summary.json").exists()
+    assert list((out / "tb").iterdir())
+    # a second run into the same directory is refused; evaluation of the run works
+    again = _cli("run", "grpo", "--set", f"model={random_model_dir}", "--out", str(out), "--quiet", cwd=tmp_path)
+    assert again.returncode == 2 and "--resume" in again.stderr
+    ev = _cli("eval", str(out), "--sets", "arith_l1", "--limit", "3", "--max-new-tokens", "8", cwd=tmp_path)
+    assert ev.returncode == 0, ev.stderr
+    assert "arith_l1" in ev.stdout and (out / "eval" / "step_000002").exists()
