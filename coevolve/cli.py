@@ -123,6 +123,47 @@ def eval_(
         typer.echo(f"results: {out_dir}")
 
 
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="run directory"),
+    out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default RUN/report/report.html)"),
+    no_embed: bool = typer.Option(False, "--no-embed", help="skip embedding-based diversity (no encoder)"),
+) -> None:
+    """Write one self-contained HTML report (plots embedded) of a run's training and curriculum."""
+    from coevolve.analytics.report import write_report
+    from coevolve.embeddings import EncoderUnavailable
+
+    if not (run_dir / "metrics.jsonl").exists():
+        _fail(f"{run_dir} is not a run directory (no metrics.jsonl)")
+    try:
+        typer.echo(write_report(run_dir, out, embed=not no_embed))
+    except (EncoderUnavailable, FileNotFoundError) as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def compare(
+    run_dirs: list[Path] = typer.Argument(..., help="two or more run directories"),
+    out: Path = typer.Option(Path("compare"), "--out", help="folder for compare.html/.csv/.json"),
+    embed: bool = typer.Option(False, "--embed", help="shared embedding cluster space for coverage numbers"),
+) -> None:
+    """Print and write a side-by-side table of runs, with their curves overlaid."""
+    from rich.console import Console
+
+    from coevolve.analytics.compare import compare_runs, rich_table
+    from coevolve.embeddings import EncoderUnavailable
+
+    missing = [str(d) for d in run_dirs if not (d / "metrics.jsonl").exists()]
+    if missing:
+        _fail(f"not run directories (no metrics.jsonl): {', '.join(missing)}")
+    try:
+        rows, html_path = compare_runs(run_dirs, out, embed=embed)
+    except (EncoderUnavailable, FileNotFoundError) as exc:
+        _fail(str(exc))
+    Console().print(rich_table(rows))
+    typer.echo(html_path)
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -111,3 +111,23 @@ def test_kl_reference_and_lora(random_policy):
     # the LoRA-wrapped model still samples
     wrapped = Policy("lora", trainer.model, random_policy.tokenizer, "compact")
     assert _engine(wrapped).generate(["W:\n"], SamplingParams(max_new_tokens=4), seed=0)[0].token_ids
+
+
+def test_micro_batches_accumulate_to_the_full_batch_step(random_policy):
+    """One optimizer step over 4 sequences accumulates the same gradient with micro-batches of 1, 2 or 4."""
+    import copy
+
+    completions = _engine(random_policy).generate(PROMPTS, SamplingParams(max_new_tokens=10), seed=4)
+    samples = [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, a) for c, a in zip(completions, [1, -0.5, 2, -1])]
+    results = []
+    for agg in ("seq_mean", "token_mean", "token_sum_norm"):
+        weights = []
+        for micro in (1, 2, 4):
+            model = copy.deepcopy(random_policy.model)
+            trainer = PolicyTrainer(model, random_policy.tokenizer, UpdateSettings(
+                lr=1e-2, micro_batch_size=micro, loss_agg=agg, norm_constant=25, grad_clip=0.0))
+            trainer.update(samples)
+            weights.append(torch.cat([p.grad.flatten() for p in model.parameters()]))  # grads stay after step
+        assert torch.allclose(weights[0], weights[1], atol=1e-6) and torch.allclose(weights[0], weights[2], atol=1e-6)
+        results.append(weights[0])
+    assert not torch.allclose(results[0], results[2])  # C=25 differs from the per-sequence mean

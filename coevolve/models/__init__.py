@@ -94,8 +94,8 @@ def load_policy(
         kwargs["gguf_file"] = SMOLLM2_GGUF
     else:
         source, style = name_or_path, "chat"
-        looks_local = os.path.sep in name_or_path or name_or_path.startswith(".") or Path(name_or_path).exists()
-        if looks_local and not Path(name_or_path).exists():
+        looks_local = name_or_path.startswith((os.path.sep, ".", "~")) or Path(name_or_path).exists()
+        if looks_local and not Path(name_or_path).expanduser().exists():
             raise ModelNotFoundError(f"model path {name_or_path} does not exist")
         if Path(name_or_path).exists():
             _quiet_hub()
