@@ -17,7 +17,6 @@ resume, metric rows and sample files of later steps are removed, so no step is l
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
@@ -29,54 +28,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from coevolve.jsonio import atomic_write_text, dumps, read_jsonl
+
 STEP_DIR = "step_{:06d}"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a file so that readers see either the old or the new content, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (np.floating, np.integer)):
-        return _jsonable(value.item())
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return _jsonable(value.item())
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def dumps(record: Mapping[str, Any]) -> str:
-    """One JSON line; NaN and inf become null so every line stays valid JSON."""
-    return json.dumps(_jsonable(dict(record)), ensure_ascii=False)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Read a JSONL file, ignoring a torn last line left by a killed writer."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 class RunStore:

@@ -22,16 +22,22 @@ import numpy as np
 from coevolve.analytics.curriculum import (
     DEFAULT_K,
     RunData,
-    jsonable,
     analyze_run,
-    atomic_write_bytes,
     generated_questions,
     load_run,
     question_embeddings,
-    write_json,
 )
-from coevolve.analytics.report import CSS, esc, new_figure, fmt, plot_lines, html_table, png_bytes
+from coevolve.analytics.report import (
+    CSS,
+    esc,
+    fmt,
+    html_table,
+    new_figure,
+    plot_lines,
+    png_bytes,
+)
 from coevolve.embeddings import ClusterSpace, encoder_name
+from coevolve.jsonio import atomic_write_bytes, jsonable, write_json
 
 if TYPE_CHECKING:
     from rich.table import Table

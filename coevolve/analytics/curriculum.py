@@ -28,9 +28,7 @@ import hashlib
 import io
 import json
 import math
-import os
 import re
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +46,7 @@ from coevolve.analytics.diversity import (
     mean_pairwise_distance,
 )
 from coevolve.embeddings import META_FILE, ClusterSpace, corpus_hash, encoder_name
+from coevolve.jsonio import atomic_write_bytes, jsonable, read_jsonl, write_json
 from coevolve.embeddings import embed as embed_texts
 
 ANALYTICS_DIR = "analytics"
@@ -63,53 +62,6 @@ _TOKEN = re.compile(r"\d+(?:\.\d+)?|[^\W\d_]+|\S")
 
 
 # -- reading a run directory ------------------------------------------------------------------------
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file; lines that do not parse (a torn last line of a live run) are skipped."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
-def jsonable(value: Any) -> Any:
-    """JSON-safe copy: numpy scalars to Python, NaN/inf to None."""
-    if isinstance(value, (np.floating, np.integer)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    return value
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write a file via a temporary sibling and rename, so readers never see a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared and served
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Atomically write ``obj`` as strict JSON (NaN becomes null)."""
-    atomic_write_bytes(path, json.dumps(jsonable(obj), indent=1, allow_nan=False).encode("utf-8"))
 
 
 @dataclass

@@ -25,10 +25,10 @@ from matplotlib.figure import Figure
 from coevolve.analytics.curriculum import (
     RunData,
     analyze_run,
-    atomic_write_bytes,
     band_label,
     load_run,
 )
+from coevolve.jsonio import atomic_write_bytes
 
 REPORT_DIR = "report"
 REPORT_FILE = "report.html"
