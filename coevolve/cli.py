@@ -83,37 +83,42 @@ def run(
 def eval_(
     target: str = typer.Argument(..., help="model name, local model folder, or run directory"),
     sets: str = typer.Option(None, "--sets", "--task", help="comma-separated evaluation sets (default: the run's)"),
+    preset: str = typer.Option("greedy", "--preset", help="sampling defaults: greedy or a paper's protocol "
+                               "(prism, dynamic_rl, opensir, pasodoble, infuser)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="seeded subset of this many questions per set"),
-    n: int = typer.Option(1, "--n", help="samples per question (avg@n, pass@k)"),
+    n: Optional[int] = typer.Option(None, "--n", help="samples per question (avg@n, pass@k)"),
     k: Optional[int] = typer.Option(None, "--k", help="k for pass@k (default n)"),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy"),
+    top_p: Optional[float] = typer.Option(None, "--top-p"),
+    top_k: Optional[int] = typer.Option(None, "--top-k"),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens"),
     checkpoint: Optional[int] = typer.Option(None, "--checkpoint", help="run dir: which step (default latest)"),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with the benchmark files"),
     seed: int = typer.Option(0, "--seed"),
     out: Optional[Path] = typer.Option(None, "--out", help="where to write per-question results"),
 ) -> None:
-    """Evaluate a model or a run's checkpoint on evaluation sets."""
-    from coevolve.evaluation.harness import evaluate
+    """Evaluate a model or a run's checkpoint on evaluation sets (options override the preset)."""
     from coevolve.evaluation.benchmarks import BenchmarkDataNotFound
+    from coevolve.evaluation.harness import EVAL_PRESETS, evaluate
     from coevolve.models import ModelNotFoundError
     from coevolve.recipes import default_eval_sets
-    from coevolve.store import load_run_policy
     from coevolve.rollout.hf import HFRolloutEngine
+    from coevolve.store import load_run_policy
 
+    if preset not in EVAL_PRESETS:
+        _fail(f"unknown evaluation preset {preset!r} (known: {', '.join(EVAL_PRESETS)})", 2)
     try:
         policy, default_sets, label = load_run_policy(target, checkpoint)
-    except (ModelNotFoundError, FileNotFoundError, ValueError) as exc:
+    except (ModelNotFoundError, FileNotFoundError) as exc:
         _fail(str(exc))
     set_names = [s.strip() for s in sets.split(",")] if sets else (default_sets or default_eval_sets("arith"))
     out_dir = out or (Path(target) / "eval" / label if Path(target, "config.yaml").exists() else None)
     engine = HFRolloutEngine(policy.model, policy.tokenizer, eos_token_ids=policy.eos_token_ids)
     try:
-        summaries = evaluate(policy, engine, set_names, n_samples=n, k=k or n, temperature=temperature, top_p=top_p,
-                             max_new_tokens=max_new_tokens, limit=limit, seed=seed,
+        summaries = evaluate(policy, engine, set_names, preset=preset, n_samples=n, k=k, temperature=temperature,
+                             top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed,
                              data_dir=str(data_dir) if data_dir else None, out_dir=out_dir, progress=True)
-    except (BenchmarkDataNotFound, KeyError) as exc:
+    except (BenchmarkDataNotFound, KeyError, ValueError) as exc:
         _fail(str(exc).strip("'\""))
     for name, s in summaries.items():
         extras = "  ".join(f"{key} {val:.3f}" for key, val in s.items()

@@ -1,0 +1,244 @@
+"""Evaluate a policy on evaluation sets: prompt, sample in batches, grade, score, write results.
+
+Sampling settings come from a named preset (:data:`EVAL_PRESETS`, collected from the
+evaluation sections of ``shared/spec/*.md``); explicit arguments override the preset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from coevolve.evaluation.benchmarks import EvalItem, load_benchmark
+from coevolve.evaluation.metrics import accuracy, avg_at_k, default_ks, mean_pass_at_k
+from coevolve.jsonio import atomic_write_text
+from coevolve.rollout.base import Completion, RolloutEngine, SamplingParams
+from coevolve.tasks import arith
+from coevolve.tasks import math as math_task
+from coevolve.tasks import mcq as mcq_task
+
+
+@dataclass(frozen=True)
+class EvalPreset:
+    """Sampling settings of one evaluation protocol; ``source`` cites where they come from."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    n_samples: int
+    source: str
+
+
+EVAL_PRESETS: dict[str, EvalPreset] = {
+    "greedy": EvalPreset(0.0, 1.0, 0, 512, 1,
+                         "project default: greedy accuracy (pass@1 as in prism.md §8.1); 512 new tokens "
+                         "is a CPU budget, not a paper value"),
+    "prism": EvalPreset(0.0, 1.0, 0, 4096, 1,
+                        "prism.md §8.1: Pass@1 with greedy decoding; §7 [C] max response length 4096"),
+    "dynamic_rl": EvalPreset(0.6, 0.95, 20, 3072, 16,
+                             "dynamic_rl.md §8: avg@16, temperature 0.6, top-p 0.95, top-k 20; max length "
+                             "not stated, 3072 recommended"),
+    "opensir": EvalPreset(0.6, 0.95, 0, 4096, 16,
+                          "opensir.md §8: avg@16, zero-shot, temperature 0.6, top-p 0.95, at most 4096 tokens"),
+    "pasodoble": EvalPreset(0.6, 0.95, 0, 8192, 6,
+                            "pasodoble.md §8.1: pass@1 = mean over 6 samples, temperature 0.6, top-p 0.95, "
+                            "8192 context (5 samples on GPQA/SuperGPQA)"),
+    "infuser": EvalPreset(0.7, 0.8, 20, 8192, 4,
+                          "infuser.md §8.2 and §7: temperature 0.7, top-p 0.8, top-k 20, response 8192; "
+                          "avg@4 on MATH500 (1 on most sets, 32 on AIME/HMMT)"),
+}
+
+
+def _arith_style(policy: Any) -> str:
+    """The arith prompt style for a policy: raw task format for tiny-arith, plain language otherwise."""
+    return "compact" if policy.prompt_style == "compact" else "chat"
+
+
+def build_prompt(item: EvalItem, policy: Any) -> str:
+    """The full prompt for one item: its task's solver message, in the policy's chat template."""
+    if item.kind == "math":
+        message = math_task.solver_prompt(item.question)
+    elif item.kind == "mcq":
+        message = mcq_task.solver_prompt(item.question, item.choices or ())
+    elif item.kind == "arith":
+        message = arith.solver_prompt(item.question, style=_arith_style(policy))
+    else:
+        raise ValueError(f"unknown answer type {item.kind!r} for {item.id}")
+    return policy.format_prompt(message)
+
+
+def parse_completion(item: EvalItem, text: str, policy: Any) -> str | None:
+    """The answer a completion gives for ``item``, or None."""
+    if item.kind == "math":
+        return math_task.parse_answer(text)
+    if item.kind == "mcq":
+        return mcq_task.parse_answer(text, len(item.choices or ()))
+    if item.kind == "arith":
+        return arith.parse_answer(text, _arith_style(policy))
+    raise ValueError(f"unknown answer type {item.kind!r} for {item.id}")
+
+
+def _same_integer(pred: str | None, gold: str) -> bool:
+    try:
+        return pred is not None and int(pred.strip()) == int(gold)
+    except ValueError:
+        return False
+
+
+def grade_answers(items: Sequence[EvalItem], preds: Sequence[str | None], timeout_s: float = 5.0) -> list[bool]:
+    """Correctness of each prediction against its item's gold answer (math checks run as one batch)."""
+    correct = [False] * len(items)
+    math_rows = [i for i, it in enumerate(items) if it.kind == "math"]
+    if math_rows:
+        verdicts = math_task.grade([preds[i] for i in math_rows], [items[i].answer for i in math_rows], timeout_s)
+        for i, ok in zip(math_rows, verdicts):
+            correct[i] = ok
+    for i, item in enumerate(items):
+        if item.kind == "mcq":
+            correct[i] = mcq_task.grade([preds[i]], [item.answer])[0]
+        elif item.kind == "arith":
+            correct[i] = _same_integer(preds[i], item.answer)
+    return correct
+
+
+def _resolve_sets(
+    sets: str | Sequence[str] | Mapping[str, Sequence[EvalItem]],
+    limit: int | None, subset_seed: int, data_dir: str | os.PathLike | None,
+) -> dict[str, list[EvalItem]]:
+    if isinstance(sets, str):
+        sets = [sets]
+    if isinstance(sets, Mapping):
+        return {name: list(items) for name, items in sets.items()}
+    return {name: load_benchmark(name, data_dir=data_dir, limit=limit, seed=subset_seed) for name in sets}
+
+
+def _by_level(items: Sequence[EvalItem], correct: Sequence[Sequence[bool]]) -> dict[str, float]:
+    flags: dict[str, list[float]] = defaultdict(list)
+    for item, row in zip(items, correct):
+        if "level" in item.meta:
+            flags[str(item.meta["level"])].append(sum(row) / len(row))
+    return {level: sum(v) / len(v) for level, v in sorted(flags.items())}
+
+
+def _evaluate_set(
+    name: str, items: list[EvalItem], policy: Any, engine: RolloutEngine, params: SamplingParams,
+    n: int, ks: list[int], batch_size: int, seed: int, timeout_s: float, bar: tqdm,
+) -> tuple[dict, list[dict]]:
+    start = time.perf_counter()
+    prompts = [build_prompt(item, policy) for item in items]
+    flat_items = [item for item in items for _ in range(n)]
+    flat_prompts = [prompt for prompt in prompts for _ in range(n)]
+    completions: list[Completion] = []
+    bar.set_description(name)
+    for batch_index, lo in enumerate(range(0, len(flat_prompts), batch_size)):
+        batch = flat_prompts[lo:lo + batch_size]
+        completions += engine.generate(batch, params, seed=seed + batch_index)
+        bar.update(len(batch))
+    preds = [parse_completion(item, c.text, policy) for item, c in zip(flat_items, completions)]
+    flags = grade_answers(flat_items, preds, timeout_s)
+
+    records, per_question = [], []
+    for q, (item, prompt) in enumerate(zip(items, prompts)):
+        span = slice(q * n, (q + 1) * n)
+        per_question.append(flags[span])
+        records.append({
+            "id": item.id, "prompt": prompt, "gold": item.answer,
+            "completions": [c.text for c in completions[span]],
+            "extracted": preds[span], "correct": flags[span],
+            "finish_reasons": [c.finish_reason for c in completions[span]],
+            "meta": {k: v for k, v in item.meta.items() if k != "solution"},
+        })
+    summary: dict[str, Any] = {
+        "set": name,
+        "kind": items[0].kind if items else None,
+        "n_questions": len(items),
+        "n_samples": n,
+        "accuracy": accuracy(flags) if flags else 0.0,
+        f"avg@{n}": avg_at_k(per_question) if per_question else 0.0,
+        **{f"pass@{k}": mean_pass_at_k(per_question, k) if per_question else 0.0 for k in ks},
+        "answered": sum(p is not None for p in preds) / len(preds) if preds else 0.0,
+        "truncated": sum(c.finish_reason == "length" for c in completions) / len(completions) if completions else 0.0,
+        "by_level": _by_level(items, per_question),
+        "tokens": sum(len(c.token_ids) for c in completions),
+        "seconds": round(time.perf_counter() - start, 3),
+        "sampling": {**asdict(params), "stop": list(params.stop)},
+    }
+    return summary, records
+
+
+def evaluate(
+    policy: Any,
+    engine: RolloutEngine,
+    sets: str | Sequence[str] | Mapping[str, Sequence[EvalItem]],
+    *,
+    preset: str = "greedy",
+    n_samples: int | None = None,
+    k: int | Sequence[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    max_new_tokens: int | None = None,
+    batch_size: int = 32,
+    seed: int = 0,
+    limit: int | None = None,
+    subset_seed: int = 0,
+    data_dir: str | os.PathLike | None = None,
+    out_dir: str | os.PathLike | None = None,
+    grade_timeout_s: float = 5.0,
+    progress: bool = True,
+) -> dict[str, dict]:
+    """Evaluate ``policy`` (sampling through ``engine``) on each set and return per-set summaries.
+
+    ``sets`` are registered names (loaded with ``limit``/``subset_seed``/``data_dir``; the
+    subset does not depend on the sampling ``seed``, so runs with different seeds see the same
+    questions) or a mapping from a name to ready items. Sampling settings default to ``EVAL_PRESETS[preset]``; any
+    argument given explicitly overrides it. Temperature 0 is greedy and allows one sample.
+    ``k`` lists the pass@k to report (default: powers of two up to ``n_samples``, and
+    ``n_samples``). With ``out_dir``, writes ``<out_dir>/<set>/results.jsonl`` (one record per
+    question), ``<out_dir>/<set>/summary.json`` and ``<out_dir>/summary.json`` (all sets).
+    """
+    if preset not in EVAL_PRESETS:
+        raise KeyError(f"unknown evaluation preset {preset!r}; known: {', '.join(EVAL_PRESETS)}")
+    base = EVAL_PRESETS[preset]
+    n = base.n_samples if n_samples is None else n_samples
+    params = SamplingParams(
+        temperature=base.temperature if temperature is None else temperature,
+        top_p=base.top_p if top_p is None else top_p,
+        top_k=base.top_k if top_k is None else top_k,
+        max_new_tokens=base.max_new_tokens if max_new_tokens is None else max_new_tokens,
+    )
+    if n < 1 or batch_size < 1:
+        raise ValueError(f"n_samples and batch_size must be >= 1, got {n} and {batch_size}")
+    if params.temperature <= 0 and n > 1:
+        raise ValueError(f"greedy decoding (temperature 0) gives {n} identical samples; set temperature > 0")
+    ks = default_ks(n) if k is None else sorted({k} if isinstance(k, int) else set(k))
+    if not all(1 <= x <= n for x in ks):
+        raise ValueError(f"every pass@k needs 1 <= k <= n_samples={n}, got {ks}")
+
+    resolved = _resolve_sets(sets, limit, subset_seed, data_dir)
+    out = Path(out_dir) if out_dir is not None else None
+    summaries: dict[str, dict] = {}
+    total = sum(len(items) for items in resolved.values()) * n
+    with tqdm(total=total, disable=not progress, unit="sample", dynamic_ncols=True) as bar:
+        for name, items in resolved.items():
+            summary, records = _evaluate_set(name, items, policy, engine, params, n, ks, batch_size, seed,
+                                             grade_timeout_s, bar)
+            summary["preset"] = preset
+            summaries[name] = summary
+            if out is not None:
+                folder = out / name
+                folder.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(folder / "results.jsonl",
+                              "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+                atomic_write_text(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
+                atomic_write_text(out / "summary.json", json.dumps(summaries, indent=2) + "\n")
+    return summaries
