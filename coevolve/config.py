@@ -76,7 +76,7 @@ class RunConfig(Strict):
     eval_every: int = Field(10, ge=0, description="evaluate every N steps (0 = only at start and end)")
     eval_sets: list[str] | None = Field(None, description="default: the task's sets (arith: levels 1-6)")
     eval_limit: int | None = Field(200, gt=0, description="questions per evaluation set")
-    eval_max_new_tokens: int = Field(64, gt=0)
+    eval_max_new_tokens: int = Field(96, gt=0, description="arith: the longest level-6 trace is 82 characters")
     frozen_generator: bool = Field(False, description="two-role recipes: never update the generator (baseline)")
     checkpoint_every: int = Field(1, gt=0)
     keep_checkpoints: int = Field(2, gt=0)

@@ -102,3 +102,22 @@ def test_run_writes_the_run_directory(tmp_path, random_model_dir):
     ev = _cli("eval", str(out), "--sets", "arith_l1", "--limit", "3", "--max-new-tokens", "8", cwd=tmp_path)
     assert ev.returncode == 0, ev.stderr
     assert "arith_l1" in ev.stdout and (out / "eval" / "step_000002").exists()
+
+
+def test_eval_with_missing_data_is_one_clear_line(tmp_path, random_model_dir):
+    result = _cli("eval", str(random_model_dir), "--sets", "gsm8k", "--data-dir", str(tmp_path / "empty"),
+                  "--limit", "2", cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "gsm8k" in last and "--data-dir" in last
+
+
+def test_math_task_with_empty_training_file_is_clear(tmp_path):
+    from coevolve.tasks.registry import TaskDataError, get_task
+
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "train.jsonl").write_text("")
+    import random
+
+    with pytest.raises(TaskDataError, match="empty"):
+        get_task("math", data_dir=str(tmp_path)).training_problems(random.Random(0), 4)
