@@ -1,0 +1,274 @@
+"""The built-in tiny-arith model: a ~1M-parameter character-level Llama pretrained on the arithmetic world.
+
+It is built (deterministically, in a few minutes on 2 CPU cores) the first time it is asked for and
+cached under ``$COEVOLVE_CACHE/models`` (default ``~/.cache/coevolve/models``) in a folder named
+after a hash of the build settings and the format versions, so a change to either builds a new one.
+
+Pretraining mixture (compact formats of :mod:`coevolve.tasks.arith`, levels 1..``max_level``):
+half plain solve traces, a fifth grounded solve traces, and a tenth each of question writing
+from nothing (``W:``), like examples (``E:``) and from a fact sheet with the worked answer (``D:``).
+The loss covers completion tokens and EOS only: prompts are mostly uniformly random digits whose
+loss cannot fall, and would only add gradient noise; writing questions is taught by the
+question-writing samples, whose completion *is* the question. The model is meant to be only partly
+competent (good at level 1, poor beyond level 3) so the self-evolving recipes have room to work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, processors
+from tqdm.auto import tqdm
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from coevolve.rollout.base import SamplingParams
+from coevolve.rollout.hf import HFRolloutEngine
+from coevolve.tasks import arith
+
+BUILD_VERSION = 1  # bump when the pretraining code changes what a build produces
+CHARS = "".join(chr(c) for c in range(32, 127)) + "\n"  # printable ASCII and newline, one token each
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+MIXTURE = (("solve", 0.5), ("solve_grounded", 0.2), ("write", 0.1), ("write_examples", 0.1),
+           ("write_grounded", 0.1))
+SORT_WINDOW = 32  # batches whose samples are sorted by length together, to cut padding
+
+
+@dataclass(frozen=True)
+class TinyArithBuild:
+    """Settings of one tiny-arith build; the cache folder name is a hash of them."""
+
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    intermediate: int = 512
+    steps: int = 2400
+    batch: int = 64
+    lr: float = 3e-3
+    warmup: int = 100
+    weight_decay: float = 0.01
+    seed: int = 0
+    max_level: int = 3
+    eval_n: int = 200  # held-out problems per level in the build report
+
+    @classmethod
+    def default(cls) -> TinyArithBuild:
+        """The real model (about 1.05M parameters, a few minutes on 2 cores)."""
+        return cls()
+
+    @classmethod
+    def for_tests(cls) -> TinyArithBuild:
+        """A much weaker model that builds in well under a minute; enough to emit the formats."""
+        return cls(hidden=64, layers=2, heads=2, intermediate=256, steps=150, batch=32, eval_n=20)
+
+    def fingerprint(self) -> str:
+        """Short hash of the settings and the format and build-code versions."""
+        payload = json.dumps({**asdict(self), "format": arith.FORMAT_VERSION, "build": BUILD_VERSION},
+                             sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The character-level tokenizer: one token per printable ASCII character or newline, BOS prepended."""
+    vocab = {token: i for i, token in enumerate(list(SPECIAL_TOKENS) + list(CHARS))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))  # no merges: one token per char
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", vocab["<s>"])])
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", model_max_length=512)
+
+
+def _new_model(build: TinyArithBuild, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=build.hidden, intermediate_size=build.intermediate,
+        num_hidden_layers=build.layers, num_attention_heads=build.heads, num_key_value_heads=build.heads,
+        max_position_embeddings=512, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    return LlamaForCausalLM(config)
+
+
+def _sample(rng: random.Random, max_level: int) -> tuple[str, str]:
+    """One (prompt, completion) pair of the pretraining mixture."""
+    kind = rng.choices([k for k, _ in MIXTURE], weights=[w for _, w in MIXTURE])[0]
+    level = rng.randint(1, max_level)
+    problem = arith.sample_problems(1, rng, levels=(level,), grounded=kind.endswith("grounded"))[0]
+    if kind.startswith("solve"):
+        return arith.solver_prompt(problem.question, problem.doc), arith.solve_completion(problem)
+    examples: list[str] = []
+    if kind == "write_examples":
+        near = [max(1, min(max_level, level + d)) for d in rng.choices((-1, 0, 0, 1), k=rng.randint(1, 4))]
+        examples = [arith.sample_problems(1, rng, levels=(lv,))[0].question for lv in near]
+    return arith.question_prompt(examples=examples, doc=problem.doc), arith.question_completion(problem)
+
+
+def _batches(build: TinyArithBuild, tokenizer: PreTrainedTokenizerFast):
+    """Yield (input_ids, attention_mask, labels) batches in a fixed order given by the build seed."""
+    rng = random.Random(f"tiny-arith/{build.seed}")
+    for _ in range(0, build.steps, SORT_WINDOW):
+        pairs = [_sample(rng, build.max_level) for _ in range(SORT_WINDOW * build.batch)]
+        prompts = tokenizer([p for p, _ in pairs])["input_ids"]
+        completions = tokenizer([c for _, c in pairs], add_special_tokens=False)["input_ids"]
+        rows = sorted(zip(prompts, completions), key=lambda r: len(r[0]) + len(r[1]))
+        chunks = [rows[i:i + build.batch] for i in range(0, len(rows), build.batch)]
+        rng.shuffle(chunks)
+        for chunk in chunks:
+            yield _collate(chunk, tokenizer.pad_token_id, tokenizer.eos_token_id)
+
+
+def _collate(rows: list[tuple[list[int], list[int]]], pad_id: int, eos_id: int):
+    width = max(len(p) + len(c) + 1 for p, c in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (prompt, completion) in enumerate(rows):
+        seq = prompt + completion + [eos_id]
+        ids[i, :len(seq)] = torch.tensor(seq)
+        labels[i, len(prompt):len(seq)] = torch.tensor(completion + [eos_id])
+        mask[i, :len(seq)] = 1
+    return ids, mask, labels
+
+
+def _lr_factor(step: int, build: TinyArithBuild) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    if step < build.warmup:
+        return (step + 1) / build.warmup
+    progress = (step - build.warmup) / max(1, build.steps - build.warmup)
+    return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
+
+
+def pretrain(build: TinyArithBuild, progress: bool = False) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, list[float]]:
+    """Train a fresh model from scratch; returns (model in eval mode, tokenizer, loss per step).
+
+    Deterministic for given settings on a given machine: seeded init and data order, and as many
+    torch threads as CPU cores while it runs (the caller's thread count is restored after).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    try:
+        return _pretrain(build, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _pretrain(build: TinyArithBuild, progress: bool) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, list[float]]:
+    torch.manual_seed(build.seed)
+    tokenizer = build_tokenizer()
+    model = _new_model(build, tokenizer)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": build.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=build.lr, betas=(0.9, 0.98))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, build))
+    model.train()
+    losses: list[float] = []
+    bar = tqdm(total=build.steps, desc="building tiny-arith", disable=not progress, unit="step")
+    for step, (ids, mask, labels) in zip(range(build.steps), _batches(build, tokenizer)):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+        bar.update(1)
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    bar.close()
+    model.eval()
+    return model, tokenizer, losses
+
+
+def greedy_accuracy(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, level: int, n: int = 200,
+                    grounded: bool = False) -> float:
+    """Greedy exact-match accuracy on the first ``n`` held-out problems of ``level``."""
+    problems = arith.held_out(level, n, grounded=grounded)
+    if not problems:
+        return float("nan")
+    engine = HFRolloutEngine(model, tokenizer, batch_size=200)
+    params = SamplingParams(temperature=0.0, max_new_tokens=48 + 32 * level)
+    outputs = engine.generate([arith.solver_prompt(p.question, p.doc) for p in problems], params, seed=0)
+    return sum(arith.parse_answer(o.text) == str(p.answer) for o, p in zip(outputs, problems)) / len(problems)
+
+
+def valid_question_rate(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, n: int = 200) -> float:
+    """Share of ``W:`` samples (temperature 1) that parse as valid questions."""
+    engine = HFRolloutEngine(model, tokenizer, batch_size=200)
+    outputs = engine.generate([arith.question_prompt()] * n, SamplingParams(temperature=1.0, max_new_tokens=64), seed=0)
+    return sum(arith.parse_question(o.text) is not None for o in outputs) / max(1, n)
+
+
+def _build_into(folder: Path, build: TinyArithBuild, progress: bool) -> None:
+    start = time.time()
+    model, tokenizer, losses = pretrain(build, progress)
+    trained = time.time()
+    with torch.no_grad():
+        report = {
+            "accuracy": {lv: greedy_accuracy(model, tokenizer, lv, build.eval_n) for lv in arith.LEVELS},
+            "grounded_accuracy": {lv: greedy_accuracy(model, tokenizer, lv, build.eval_n, grounded=True)
+                                  for lv in arith.LEVELS},
+            "valid_question_rate": valid_question_rate(model, tokenizer, build.eval_n),
+        }
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    info = {
+        "build": asdict(build), "fingerprint": build.fingerprint(), "format_version": arith.FORMAT_VERSION,
+        "build_version": BUILD_VERSION, "parameters": sum(p.numel() for p in model.parameters()),
+        "threads": max(1, os.cpu_count() or 1),
+        "final_loss": sum(losses[-50:]) / len(losses[-50:]),
+        "seconds": {"train": round(trained - start, 1), "eval": round(time.time() - trained, 1),
+                    "total": round(time.time() - start, 1)},
+        **report, "torch": torch.__version__, "transformers": transformers.__version__,
+    }
+    (folder / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def default_cache_dir() -> Path:
+    """Where built models live: ``$COEVOLVE_CACHE/models``, else ``~/.cache/coevolve/models``."""
+    root = os.environ.get("COEVOLVE_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "coevolve") / "models"
+
+
+def ensure_tiny_arith(cache_dir: Path | None = None, build: TinyArithBuild | None = None,
+                      progress: bool = True) -> Path:
+    """The folder of the tiny-arith model for ``build`` (default settings), building it on first use.
+
+    The folder is ``<cache_dir>/tiny-arith-<fingerprint>`` (``cache_dir`` defaults to
+    :func:`default_cache_dir`). A build runs in a temporary folder under a file lock and is
+    renamed into place when complete, so concurrent callers wait for one build and never see a
+    partial folder. It holds the safetensors weights, the tokenizer and ``build_info.json``.
+    """
+    from filelock import FileLock
+
+    build = build or TinyArithBuild.default()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = root / f"tiny-arith-{build.fingerprint()}"
+    if (target / "build_info.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "build_info.json").is_file():
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=root))
+        try:
+            _build_into(tmp, build, progress)
+            if target.exists():  # a partial folder left by something other than this function
+                shutil.rmtree(target)
+            tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,1 @@
+"""Task worlds: prompts, parsers, generators and data loaders."""
