@@ -1,0 +1,54 @@
+"""Dynamic RL's diversity rewards (Eq. 9-12): R_d(x) = 1 / sum_k S(x, x_k) over the K objects of a batch, x included.
+
+Because the sum includes S(x, x) = 1, R_d lies in [1/K, 1] and equals 1 exactly when x is similar to nothing else.
+
+- Question diversity R_dq (Eq. 10) uses S_q (Eq. 11), the *positional* token-overlap ratio over the shorter length:
+  tokens are compared at the same index (prefix-aligned), not as bags or n-grams. A strict prefix of another question
+  has similarity 1; an empty question has similarity 0 with every other question (spec §4.7).
+- Answer diversity R_da (Eq. 12) uses the answer equivalence S_a: 1 / (number of majority answers in the batch
+  equivalent to this one). Missing labels (None) form one shared class (spec §13 item 4), so questions without an
+  answer penalise each other rather than each scoring 1.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from coevolve.grading.equivalence import verify_equivalent
+from coevolve.grading.vote import Equivalence, majority_vote
+
+
+def token_overlap(a: Sequence[int], b: Sequence[int]) -> float:
+    """S_q (Eq. 11): the share of positions j < min(|a|, |b|) with a[j] == b[j]; 0 if either sequence is empty."""
+    length = min(len(a), len(b))
+    if length == 0:
+        return 0.0
+    return sum(x == y for x, y in zip(a[:length], b[:length])) / length
+
+
+def question_diversity(token_ids: Sequence[Sequence[int]]) -> list[float]:
+    """R_dq (Eq. 10) of each question of a batch: 1 / (1 + sum over the other questions k of S_q(q_i, q_k)).
+
+    The self term is S_q(q_i, q_i) = 1 by definition (also for an empty question); duplicates at other positions
+    count fully.
+    """
+    n = len(token_ids)
+    totals = [1.0] * n
+    for i in range(n):
+        for k in range(i + 1, n):
+            s = token_overlap(token_ids[i], token_ids[k])
+            totals[i] += s
+            totals[k] += s
+    return [1.0 / t for t in totals]
+
+
+def answer_diversity(labels: Sequence[str | None], equivalent: Equivalence | None = verify_equivalent) -> list[float]:
+    """R_da (Eq. 12) of each question: 1 / (number of labels in the batch equivalent to its label, itself included).
+
+    Equivalence classes come from :func:`coevolve.grading.vote.majority_vote` (exact fast path, then ``equivalent``
+    for undecided pairs; ``None`` = fast path only). None labels share one class.
+    """
+    classes = majority_vote(labels, equivalent).classes  # -1 for a missing label: the shared NONE class
+    sizes = Counter(classes)
+    return [1.0 / sizes[c] for c in classes]
