@@ -60,6 +60,7 @@ class TinyArithBuild:
     seed: int = 0
     max_level: int = 3
     eval_n: int = 200  # held-out problems per level in the build report
+    threads: int = 0  # torch threads while training; 0 means one per CPU core (results can differ by count)
 
     @classmethod
     def default(cls) -> TinyArithBuild:
@@ -151,11 +152,11 @@ def _lr_factor(step: int, build: TinyArithBuild) -> float:
 def pretrain(build: TinyArithBuild, progress: bool = False) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, list[float]]:
     """Train a fresh model from scratch; returns (model in eval mode, tokenizer, loss per step).
 
-    Deterministic for given settings on a given machine: seeded init and data order, and as many
-    torch threads as CPU cores while it runs (the caller's thread count is restored after).
+    Deterministic for given settings on a given machine: seeded init and data order, and a fixed
+    number of torch threads while it runs (the caller's thread count is restored after).
     """
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(build.threads or max(1, os.cpu_count() or 1))
     try:
         return _pretrain(build, progress)
     finally:
@@ -190,16 +191,17 @@ def _pretrain(build: TinyArithBuild, progress: bool) -> tuple[LlamaForCausalLM, 
     return model, tokenizer, losses
 
 
-def greedy_accuracy(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, level: int, n: int = 200,
-                    grounded: bool = False) -> float:
-    """Greedy exact-match accuracy on the first ``n`` held-out problems of ``level``."""
-    problems = arith.held_out(level, n, grounded=grounded)
-    if not problems:
-        return float("nan")
+def greedy_accuracy(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, n: int = 200,
+                    levels: tuple[int, ...] = arith.LEVELS, grounded: bool = False) -> dict[int, float]:
+    """Greedy exact-match accuracy per level on the first ``n`` held-out problems of each level."""
+    problems = [p for level in levels for p in arith.held_out(level, n, grounded=grounded)]
     engine = HFRolloutEngine(model, tokenizer, batch_size=200)
-    params = SamplingParams(temperature=0.0, max_new_tokens=48 + 32 * level)
+    params = SamplingParams(temperature=0.0, max_new_tokens=48 + 32 * max(levels))
     outputs = engine.generate([arith.solver_prompt(p.question, p.doc) for p in problems], params, seed=0)
-    return sum(arith.parse_answer(o.text) == str(p.answer) for o, p in zip(outputs, problems)) / len(problems)
+    correct = {level: 0 for level in levels}
+    for output, problem in zip(outputs, problems):
+        correct[problem.level] += arith.parse_answer(output.text) == str(problem.answer)
+    return {level: correct[level] / max(1, n) for level in levels}
 
 
 def valid_question_rate(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, n: int = 200) -> float:
@@ -215,9 +217,8 @@ def _build_into(folder: Path, build: TinyArithBuild, progress: bool) -> None:
     trained = time.time()
     with torch.no_grad():
         report = {
-            "accuracy": {lv: greedy_accuracy(model, tokenizer, lv, build.eval_n) for lv in arith.LEVELS},
-            "grounded_accuracy": {lv: greedy_accuracy(model, tokenizer, lv, build.eval_n, grounded=True)
-                                  for lv in arith.LEVELS},
+            "accuracy": greedy_accuracy(model, tokenizer, build.eval_n),
+            "grounded_accuracy": greedy_accuracy(model, tokenizer, build.eval_n, grounded=True),
             "valid_question_rate": valid_question_rate(model, tokenizer, build.eval_n),
         }
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -228,7 +229,7 @@ def _build_into(folder: Path, build: TinyArithBuild, progress: bool) -> None:
     info = {
         "build": asdict(build), "fingerprint": build.fingerprint(), "format_version": arith.FORMAT_VERSION,
         "build_version": BUILD_VERSION, "parameters": sum(p.numel() for p in model.parameters()),
-        "threads": max(1, os.cpu_count() or 1),
+        "threads": build.threads or max(1, os.cpu_count() or 1),
         "final_loss": sum(losses[-50:]) / len(losses[-50:]),
         "seconds": {"train": round(trained - start, 1), "eval": round(time.time() - trained, 1),
                     "total": round(time.time() - start, 1)},

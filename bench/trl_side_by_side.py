@@ -1,0 +1,225 @@
+"""One GRPO step of coevolve next to TRL's ``GRPOTrainer`` doing the same work on the same model.
+
+Both sides: the same weights (two fresh loads), the same prompts (TRL's dataset is the prompts coevolve drew, in
+step order, unshuffled), B prompts x G samples per step, the same max completion length, temperature 1 with no
+top-k / top-p, the exact-answer reward, one optimizer step per generation batch (AdamW, constant lr, grad clip
+1.0), no KL (no reference model), sequence-mean loss (TRL ``loss_type="grpo"``), the same micro-batch size, fp32
+on CPU, no vLLM, no gradient checkpointing, no logging or saving. coevolve samples the whole B x G batch in one
+batch as TRL's ``model.generate`` does (``rollout.batch_size = B*G``).
+
+What differs by design: each side samples with its own random stream, so completions (and where they stop at EOS)
+differ; tokens per step are reported for both, with seconds per 1000 generated tokens. coevolve recomputes pi_old
+with an extra forward pass; TRL skips it when generation and optimizer steps are aligned (as here) and computes
+the token entropy in its loss pass.
+
+Each side runs a warm-up step and then ``--steps`` timed steps; the report gives the median seconds per step, the
+ratio TRL / coevolve (above 1: coevolve is faster) and a split into sampling, reward and the rest.
+Writes ``bench/results/trl.json``. Run from the repository root:
+``.venv/bin/python bench/trl_side_by_side.py [--quick]`` (needs ``pip install "trl>=0.14"``, the ``bench`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from speed import (
+    RESULTS_DIR,
+    grpo_recipe,
+    machine_info,
+    run_header,
+    warn_if_busy,
+    wrap_timer,
+    write_json,
+)
+
+
+def run_coevolve(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """Warm-up + timed steps of the grpo recipe; returns the report and the prompts it drew, in order."""
+    batch = args.prompts * args.group
+    recipe = grpo_recipe(args.model, args.prompts, args.group, args.max_new_tokens, [
+        f"rollout.batch_size={batch}", f"train.micro_batch_size={args.micro_batch}", f"train.lr={args.lr}",
+        "train.kl_beta=0", "train.loss_agg=seq_mean", "train.epochs=1", "train.mini_batch_size=0",
+        "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0", f"seed={args.seed}"])
+    rows, dataset = [], []
+    for step in range(1, args.warmup + args.steps + 1):
+        started = time.perf_counter()
+        out = recipe.step(step)
+        wall = time.perf_counter() - started
+        m = out.metrics
+        rows.append({"step": step, "wall_s": wall, "tokens": m["tokens/solver"], "sample_s": m["time/solve_s"],
+                     "reward_s": m["time/reward_s"], "reward_mean": m["solver/reward_mean"],
+                     "prompts": sorted({r["prompt"] for r in out.samples})})
+        dataset += [{"prompt": r["prompt"], "answer": r["label"]} for r in out.samples[::args.group]]
+    return summarize(rows, args.warmup), dataset
+
+
+class _StepClock:
+    """Times TRL's optimizer steps (``on_step_end`` to ``on_step_end``) and what its sampler and reward took."""
+
+    def __init__(self) -> None:
+        from transformers import TrainerCallback
+
+        clock = self
+        self.generate: list[float] = []
+        self.reward: list[float] = []
+        self.tokens: list[int] = []
+        self.rewards: list[float] = []
+        self.prompts: list[str] = []
+        self.rows: list[dict[str, Any]] = []
+        self.last = 0.0
+
+        class Callback(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                clock.last = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                now = time.perf_counter()
+                clock.rows.append({"step": state.global_step, "wall_s": now - clock.last,
+                                   "tokens": sum(clock.tokens), "sample_s": sum(clock.generate),
+                                   "reward_s": sum(clock.reward),
+                                   "reward_mean": statistics.fmean(clock.rewards) if clock.rewards else 0.0,
+                                   "prompts": sorted(set(clock.prompts))})
+                for sink in (clock.generate, clock.reward, clock.tokens, clock.rewards, clock.prompts):
+                    sink.clear()
+                clock.last = time.perf_counter()
+
+        self.callback = Callback()
+
+
+def run_trl(args: argparse.Namespace, dataset: list[dict[str, str]]) -> dict[str, Any]:
+    """The same steps through ``trl.GRPOTrainer``."""
+    from datasets import Dataset
+    from transformers import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from coevolve.models import load_policy
+    from coevolve.tasks.registry import get_task
+
+    policy = load_policy(args.model)
+    task, style = get_task("arith"), policy.prompt_style
+    clock = _StepClock()
+
+    def exact_answer(prompts: list[str], completions: list[str], answer: list[str],
+                     completion_ids: list[list[int]], **_: Any) -> list[float]:
+        """1.0 when the parsed answer equals the reference (the grpo recipe's reward)."""
+        started = time.perf_counter()
+        rewards = [float(task.is_correct(task.parse_answer(c, style), a)) for c, a in zip(completions, answer)]
+        clock.reward.append(time.perf_counter() - started)
+        clock.tokens.append(sum(len(ids) for ids in completion_ids))
+        clock.rewards.extend(rewards)
+        clock.prompts.extend(prompts)
+        return rewards
+
+    batch = args.prompts * args.group
+    # transformers 5 renamed gradient_checkpointing (TRL's default: on) to activation_checkpointing
+    renamed = "activation_checkpointing" in GRPOConfig.__dataclass_fields__
+    no_checkpointing = {"activation_checkpointing" if renamed else "gradient_checkpointing": False}
+    with tempfile.TemporaryDirectory(prefix="trl-bench-") as out_dir:
+        config = GRPOConfig(
+            output_dir=out_dir, max_steps=args.warmup + args.steps, seed=args.seed,
+            per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=batch // args.micro_batch,
+            num_generations=args.group, max_completion_length=args.max_new_tokens,
+            temperature=1.0, top_p=1.0, top_k=0, num_iterations=1, beta=0.0, epsilon=0.2, loss_type="grpo",
+            scale_rewards="group", learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
+            weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", use_vllm=False, use_cpu=True, bf16=False,
+            fp16=False, shuffle_dataset=False, report_to="none", **no_checkpointing,
+            logging_strategy="no", save_strategy="no", disable_tqdm=True, log_completions=False,
+            dataloader_num_workers=0, dataloader_pin_memory=False)
+        trainer = GRPOTrainer(model=policy.model, reward_funcs=exact_answer, args=config,
+                              train_dataset=Dataset.from_list(dataset), processing_class=policy.tokenizer,
+                              callbacks=[clock.callback])
+        trainer.remove_callback(PrinterCallback)  # it prints the end-of-training summary
+        wrap_timer(trainer, "_generate_single_turn", clock.generate)
+        trainer.train()
+    return summarize(clock.rows, args.warmup)
+
+
+def summarize(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """Medians over the timed steps (after ``warmup``), and every step's row."""
+    timed = rows[warmup:]
+    med = {k: statistics.median(r[k] for r in timed) for k in ("wall_s", "tokens", "sample_s", "reward_s")}
+    return {
+        "median_s": med["wall_s"], "median_tokens": med["tokens"], "median_sample_s": med["sample_s"],
+        "median_reward_s": med["reward_s"], "median_rest_s": statistics.median(
+            r["wall_s"] - r["sample_s"] - r["reward_s"] for r in timed),
+        "median_s_per_1k_tokens": statistics.median(1000 * r["wall_s"] / max(r["tokens"], 1) for r in timed),
+        "warmup_steps": warmup, "steps": rows,
+    }
+
+
+def print_table(ours: dict[str, Any], trl: dict[str, Any], ratio: float, ratio_per_token: float,
+                title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("", "step s", "sampling s", "reward s", "update + rest s", "tokens/step", "s per 1k tokens"):
+        table.add_column(col, justify="left" if not col else "right")
+    for name, r in (("coevolve", ours), ("TRL GRPOTrainer", trl)):
+        table.add_row(name, f"{r['median_s']:.2f}", f"{r['median_sample_s']:.2f}", f"{r['median_reward_s']:.3f}",
+                      f"{r['median_rest_s']:.2f}", f"{r['median_tokens']:.0f}", f"{r['median_s_per_1k_tokens']:.2f}")
+    console = Console(width=130)
+    console.print(table)
+    console.print(f"TRL / coevolve: {ratio:.2f}x per step, {ratio_per_token:.2f}x per generated token "
+                  "(above 1: coevolve is faster)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default="tiny-arith", help="built-in name or local model folder")
+    parser.add_argument("--prompts", type=int, default=16, help="B, prompts per step")
+    parser.add_argument("--group", type=int, default=8, help="G, samples per prompt (TRL num_generations)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="max completion length")
+    parser.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward pass")
+    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per side")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--quick", action="store_true", help="2 prompts x 4 samples x 16 tokens, 1 timed step")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "trl.json")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.prompts, args.group, args.max_new_tokens, args.micro_batch, args.steps = 2, 4, 16, 4, 1
+    if (args.prompts * args.group) % args.micro_batch:
+        parser.error("--micro-batch must divide prompts x group")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    import trl
+
+    warn_if_busy()
+    header, load_start = run_header(), machine_info()["load_avg_1_5_15"]
+    ours, dataset = run_coevolve(args)
+    load_between = machine_info()["load_avg_1_5_15"]
+    theirs = run_trl(args, dataset)
+    ratio = theirs["median_s"] / ours["median_s"]
+    ratio_per_token = theirs["median_s_per_1k_tokens"] / ours["median_s_per_1k_tokens"]
+    same_prompts = len(ours["steps"]) == len(theirs["steps"]) and all(
+        a["prompts"] == b["prompts"] for a, b in zip(ours["steps"], theirs["steps"]))
+    machine = {**machine_info(), "load_avg_at_start": load_start, "load_avg_between": load_between}
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    write_json(args.out, {**header, "machine": machine, "trl": trl.__version__, "settings": settings,
+                          "same_prompts_every_step": same_prompts, "coevolve": ours, "trl_grpo_trainer": theirs,
+                          "ratio_trl_over_coevolve": ratio, "ratio_per_token": ratio_per_token})
+    load = ", ".join(f"{x:.2f}" for x in machine["load_avg_1_5_15"])
+    print(f"same prompts on both sides at every step: {same_prompts}")
+    print_table(ours, theirs, ratio, ratio_per_token,
+                f"GRPO step, {args.model}: {args.prompts} prompts x {args.group} x {args.max_new_tokens} tokens, "
+                f"micro-batch {args.micro_batch} (TRL {trl.__version__}, {machine['torch_threads']} threads, "
+                f"load avg {load})")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

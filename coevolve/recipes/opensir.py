@@ -1,0 +1,451 @@
+r"""OpenSIR: one policy plays teacher and student, seeded by a growing pool of its own problems.
+
+Paper: ``shared/seeds/opensir.txt`` (Algorithm 1); spec: ``shared/spec/opensir.md``. Per step t:
+
+Problem generation (lines 2-6)
+    1. draw k reference problems p_1..p_k from the pool P_{t-1}, uniformly with replacement;
+    2. the policy, prompted as teacher with p_i, writes G problems q_{i,1..G} (one teacher group);
+    3. Q_valid = the format-valid problems.
+Solution sampling (lines 7-13)
+    4. the policy, prompted as student, solves each q in Q_valid G times;
+    5. majority vote a*_q and solve rate s_q = count(a*_q) / G (Eq. 1); mean solution length.
+Scoring and selection (lines 14-17)
+    6. score_novel(q) = alpha sol + lambda len + gamma div + delta fmt (Eqs. 2-5); 0 for invalid outputs;
+    7. teacher: the B/(2G) groups with the largest Var_j score_novel(q_{i,j});
+       student: the B/(2G) problems with the largest score_novel;
+    8. R^T = score_novel (Eq. 9); R^S = 1[a_j = a*] + delta fmt^S (Eq. 6).
+Model update (lines 18-21)
+    9. group-relative advantages per role (Eq. 8) and one GRPO step on D_T ∪ D_S (Eq. 7);
+   10. P_t = P_{t-1} ∪ Q_valid.
+
+The generation count follows the paper: k = B/G groups (``teacher_upscale`` = 2 generated groups per trained
+one), so B/2 teacher and B/2 student sequences enter each update.
+
+Presets. ``paper`` follows the text, ``reference_code`` the released code (EdinburghNLP/OpenSIR), both at the
+paper's scale on the one offline chat model (SmolLM2-135M; GPU-scale, hours per step on a CPU). ``small`` is
+tiny-arith in the arithmetic world with the paper's rules at B = 64, G = 8 (spec §12.3).
+
+Paper vs released code (spec §13), ``paper`` / ``reference_code``:
+
+====  ============================  ====================================  ========================================
+item  what                          paper (``paper``)                     released code (``reference_code``)
+====  ============================  ====================================  ========================================
+3     triangle end value (Eq. 2)    1/G (``sol_edge: inv_group``)         1/#levels in range (``inv_levels``)
+4     solve-rate denominator        G (``group``)                         parsed answers (``parsed``)
+5     diversity                     min cosine distance to P_{t-1}        (1 - mean top-5 cos-sim)/2 (a)
+8     selection score               score_novel (``novelty``)             sol + div (``sol_div``)
+9     selection scope, upscale      global, 2 (``global``)                1 of 4 groups per chunk (``chunked``)
+10    teacher format rules          tags + at most 3 concepts             parse_xml rules; fmt needs <think>
+11    teacher-group variance        all G outputs (invalid = 0)           valid ones; -1 if none (``valid_only``)
+13    loss aggregation              per-sequence mean (Eq. 7)             token mean (``train.loss_agg``)
+16    student format                answer in \boxed{} (``boxed``)        "Therefore, the final answer is: ..."
+====  ============================  ====================================  ========================================
+
+(a) over the other problems of the batch and the pool; the batch is the step's valid problems here, the 32
+problems of one micro-batch in the code.
+
+Not reproduced (need pieces outside this recipe): the code's 512-problem bootstrap pool (item 1; both presets
+start from the seed), its loss mask over the ``<concepts>`` span (item 15; the trainer has no per-token mask) and
+the 20-step learning-rate warm-up (item 12; the trainer has no schedule). The encoder is all-MiniLM-L6-v2 (the
+paper's is Linq-Embed-Mistral 7B). The chat prompts fold the system text into the user turn (as the code does for
+Gemma). Evaluation uses the harness's solver prompt, not Fig. 22.
+
+Ablations: ``w_div: 0`` (no diversity), ``w_len: 0`` (no length), ``s_min`` (solve-rate range),
+``diversity: concepts`` (Eq. 10), ``train_roles: student`` (teacher frozen at the initial weights, §4.4; also what
+``frozen_generator: true`` does) or ``teacher``.
+
+tiny-arith (``small``): the teacher prompt is the model's ``E:<reference>\nW:\n`` and its output ``Q:<expression>``;
+valid = the expression parses. It writes no concept list, so the concept variant reads three structural tags off
+the expression (:func:`coevolve.rewards.novelty.expression_concepts`). ``small`` uses the paper's min-distance
+diversity with pool embeddings cached (each problem embedded once: under 1 s per step for 64 new problems, plus
+loading the encoder once; a resumed run re-embeds its pool). A step samples 64 problems and 512 solutions and trains
+on 64 sequences.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from coevolve.embeddings import embed
+from coevolve.grading.equivalence import verify_equivalent
+from coevolve.grading.vote import VoteResult, majority_vote
+from coevolve.models import Policy
+from coevolve.pool import ProblemPool
+from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput, mean, register, role_metrics,
+                                   step_seed, train_samples)
+from coevolve.rewards.difficulty import triangular_solvability
+from coevolve.rewards.format import (StudentFormat, TeacherOutput, TeacherRules, length_score, parse_teacher_output,
+                                     student_format_score)
+from coevolve.rewards.novelty import (DiversityMode, PoolEmbeddings, concept_novelty, expression_concepts,
+                                      group_variance, min_distance_diversity, novelty_score, top_indices,
+                                      top_k_mean_diversity)
+from coevolve.rl.advantages import grpo_advantages
+from coevolve.rl.trainer import TrainSample
+from coevolve.rollout import Completion
+from coevolve.tasks import arith
+from coevolve.tasks.registry import get_task
+
+SEED_PROBLEM = {"chat": "What is 1+1?", "compact": "1+1"}
+TERMS = ("sol", "len", "div", "fmt")  # the four components of score_novel (Eq. 5)
+
+# p_T (Fig. 21; the system line "You are a helpful AI Assistant" is folded into the user turn).
+TEACHER_PROMPT = """You are a helpful AI Assistant.
+
+You are given a math problem: {problem}
+
+Your task is to create a math problem that is conceptually different from the provided problem. \
+The new problem must be answerable with a numerical value or mathematical expression.
+
+First, explain how your new problem differs conceptually from the original problem inside the <think>...</think> \
+tags. Then, present your new problem inside the <problem>...</problem> tags. Finally, identify at most three math \
+concepts required to solve your problem. Provide these concepts in a comma separated list inside the \
+<concepts>...</concepts> tags."""
+
+# p_S (Fig. 22; system text, then the problem).
+STUDENT_PROMPT = """You are a helpful AI Assistant, designed to provide well-reasoned and detailed responses. \
+You FIRST think about the reasoning process step by step and then provide the user with the answer. The last line \
+of your response should be 'Therefore, the final answer is: $\\boxed{ANSWER}$' (without quotes) where ANSWER is \
+just the final number or expression that solves the problem.
+
+{problem}"""
+
+
+# The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU).
+_PAPER_SCALE = {
+    "model": "smollm2-135m", "task": "math", "steps": 200,
+    "rollout": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 2048, "batch_size": 64},
+    "train": {"lr": 3e-7, "kl_beta": 1e-4, "grad_clip": 0.5, "micro_batch_size": 4, "mini_batch_size": 0, "epochs": 1},
+    "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 512, "eval_every": 50,
+}
+
+
+class OpenSIRParams(RecipeParams):
+    batch_size: int = Field(256, gt=0, description="B, rollouts per update: B/(2G) teacher groups + B/(2G) problems")
+    group_size: int = Field(8, gt=1, description="G, problems per reference and solutions per problem")
+    teacher_upscale: int = Field(2, ge=1, description="teacher groups generated per group trained (k = this*B/(2G))")
+    seed_problem: str | None = Field(None, description="P_0; default 'What is 1+1?' (chat) or '1+1' (tiny-arith)")
+    s_min: float = Field(0.5, ge=0, le=1, description="solve-rate range [s_min, s_max] of Eq. 2")
+    s_max: float = Field(0.9, ge=0, le=1)
+    sol_edge: Literal["inv_group", "inv_levels"] = Field("inv_group", description="triangle end: 1/G or 1/#levels")
+    solve_rate_denominator: Literal["group", "parsed"] = Field("group", description="G or #parsed answers")
+    w_sol: float = Field(1.0, ge=0, description="alpha, solvability weight (Eq. 5)")
+    w_len: float = Field(1.0, ge=0, description="lambda, solution-length weight (0: no-length ablation)")
+    w_div: float = Field(1.0, ge=0, description="gamma, diversity weight (0: no-diversity ablation)")
+    w_fmt: float = Field(0.1, ge=0, description="delta, teacher format weight")
+    student_fmt_weight: float = Field(0.1, ge=0, description="delta of Eq. 6, student format weight")
+    l_base: float = Field(1000.0, gt=0, description="Eq. 3 normaliser, tokens")
+    l_cap: float | None = Field(1000.0, gt=0, description="Eq. 3 cap, tokens (not in the paper; code: 1000)")
+    diversity: DiversityMode = "min_pool"
+    top_k_neighbours: int = Field(5, gt=0, description="k of the top5_batch_and_pool variant")
+    encoder: str | None = Field(None, description="sentence-transformers folder; default: packaged all-MiniLM-L6-v2")
+    selection_score: Literal["novelty", "sol_div"] = "novelty"
+    teacher_variance: Literal["all", "valid_only"] = "all"
+    selection_scope: Literal["global", "chunked"] = "global"
+    train_roles: Literal["both", "student", "teacher"] = "both"
+    teacher_rules: TeacherRules = "paper"
+    student_format: StudentFormat = "boxed"
+    vote: Literal["fast", "verify"] = Field("fast", description="answer equivalence of the majority vote")
+    adv_eps: float = Field(1e-4, gt=0, description="epsilon of the group std (code: 1e-4)")
+
+    @model_validator(mode="after")
+    def _check(self) -> OpenSIRParams:
+        if self.batch_size % (2 * self.group_size):
+            raise ValueError(f"batch_size {self.batch_size} must be a multiple of 2 * group_size")
+        if not self.s_min < self.s_max:
+            raise ValueError(f"s_min {self.s_min} must be below s_max {self.s_max}")
+        return self
+
+
+@dataclass
+class Candidate:
+    """One teacher output q_{i,j} of group i, what the student made of it, and both roles' rewards."""
+
+    group: int
+    index: int  # j within the group
+    completion: Completion
+    parsed: TeacherOutput
+    solutions: list[Completion] = field(default_factory=list)
+    answers: list[str | None] = field(default_factory=list)
+    vote: VoteResult | None = None
+    solve_rate: float | None = None
+    terms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TERMS, 0.0))  # 0 when invalid
+    novelty: float = 0.0  # score_novel = R^T; 0 for an invalid output
+    selection: float = 0.0  # what selection ranks by (score_novel, or sol + div in the code)
+    advantage: float | None = None  # A^T, when its group is trained
+    student_terms: list[dict[str, float]] = field(default_factory=list)  # correct, format per solution
+    student_rewards: list[float] = field(default_factory=list)  # R^S per solution, when selected for the student
+    student_advantages: list[float] = field(default_factory=list)
+
+
+@register
+class OpenSIR(Recipe):
+    name = "opensir"
+    summary = "one policy as teacher and student; pool-seeded problems; novelty = solvability+length+diversity+format"
+    Params = OpenSIRParams
+    defaults = {"steps": 100, "rollout": {"max_new_tokens": 64, "batch_size": 256},
+                "train": {"lr": 5e-5, "kl_beta": 1e-3, "grad_clip": 0.5, "loss_agg": "seq_mean"},
+                "eval_every": 25, "params": {"batch_size": 64, "l_base": 64, "l_cap": 64}}
+    presets = {
+        "small": {"model": "tiny-arith", "task": "arith", "steps": 100},
+        "paper": {**_PAPER_SCALE, "train": {**_PAPER_SCALE["train"], "loss_agg": "seq_mean"},
+                  "params": {"batch_size": 256, "group_size": 8, "l_base": 1000, "l_cap": 1000}},
+        "reference_code": {
+            **_PAPER_SCALE, "train": {**_PAPER_SCALE["train"], "loss_agg": "token_mean"},
+            "params": {"batch_size": 256, "group_size": 8, "l_base": 1000, "l_cap": 1000,
+                       "sol_edge": "inv_levels", "solve_rate_denominator": "parsed",
+                       "diversity": "top5_batch_and_pool", "selection_score": "sol_div",
+                       "teacher_variance": "valid_only", "selection_scope": "chunked", "teacher_upscale": 4,
+                       "teacher_rules": "code", "student_format": "phrase"},
+        },
+    }
+
+    def __init__(self, config, params: OpenSIRParams):
+        super().__init__(config, params)
+        if config.frozen_generator and params.train_roles == "teacher":
+            raise ValueError("frozen_generator contradicts params.train_roles='teacher'")
+        self.roles = "student" if config.frozen_generator else params.train_roles
+        self.task = get_task(config.task, data_dir=config.data_dir)
+        self.policy = self.load_policy()
+        self.compact = self.policy.prompt_style == "compact"
+        # Student-only ablation (§4.4): the teacher stays the policy frozen at its initial state.
+        self.teacher = (Policy(self.policy.name, copy.deepcopy(self.policy.model), self.policy.tokenizer,
+                               self.policy.prompt_style) if self.roles == "student" else self.policy)
+        self.trainer = self.make_trainer(self.policy)
+        self.n_selected = params.batch_size // (2 * params.group_size)  # B/(2G) per role
+        self.n_groups = self.n_selected * params.teacher_upscale  # k
+        seed = params.seed_problem or SEED_PROBLEM[self.policy.prompt_style]
+        self.pool = ProblemPool([seed], concepts=[self.concepts_of(seed)])
+        self.embed_texts = partial(embed, path=params.encoder)
+        self.pool_embeddings = PoolEmbeddings(lambda texts: self.embed_texts(texts))
+
+    def trainers(self):
+        return {"policy": self.trainer}
+
+    def solver(self):
+        return self.policy
+
+    def state_dict(self):
+        return {"pool": self.pool.state_dict()}
+
+    def load_state_dict(self, state):
+        self.pool.load_state_dict(state["pool"])
+        self.pool_embeddings.clear()
+
+    # --- Algorithm 1 ------------------------------------------------------------------------------
+    def step(self, step: int) -> StepOutput:
+        G, timer, seed = self.params.group_size, PhaseTimer(), self.config.seed
+
+        # Problem generation: k references from P_{t-1}, G problems each; Q_valid.
+        references = self.pool.sample(random.Random(step_seed(seed, step, "references")), self.n_groups)
+        with timer("generate"):
+            groups = self.sample_groups(self.teacher, [self.teacher_prompt(r) for r in references], G,
+                                        step_seed(seed, step, "generate"))
+        candidates = [Candidate(i, j, c, self.read_problem(c.text))
+                      for i, group in enumerate(groups) for j, c in enumerate(group)]
+        valid = [c for c in candidates if c.parsed.valid]
+
+        # Solution sampling: G solutions per valid problem, majority vote, solve rate.
+        with timer("solve"):
+            solutions = self.sample_groups(self.policy, [self.student_prompt(c.parsed.problem) for c in valid], G,
+                                           step_seed(seed, step, "solve"))
+            for c, sols in zip(valid, solutions):
+                self.label(c, sols)
+
+        # Scoring: novelty against P_{t-1}; selection of teacher groups and student problems.
+        with timer("score"):
+            diversity, embeddings = self.diversity([c.parsed for c in valid])
+            for c, div in zip(valid, diversity):
+                self.score(c, float(div))
+            teacher_groups, student_problems = self.select(candidates)
+
+        # Model update: R^S (Eq. 6; R^T = score_novel), advantages per role (Eq. 8), one GRPO step on D_T ∪ D_S.
+        d_t = [c for c in candidates if c.group in teacher_groups] if valid else []  # no valid problem: no signal
+        for c in student_problems:
+            self.reward_student(c)
+        self.advantages(d_t, student_problems)
+        with timer("update"):
+            stats = self.trainer.update(self.training_batch(d_t, student_problems))
+
+        # P_t = P_{t-1} ∪ Q_valid.
+        self.pool.add([c.parsed.problem for c in valid], step, [c.parsed.concepts for c in valid])
+        if embeddings is not None:
+            self.pool_embeddings.append(embeddings)
+
+        return StepOutput(metrics=self.metrics(candidates, valid, teacher_groups, student_problems, stats, timer),
+                          samples=self.records(step, references, candidates, student_problems))
+
+    # --- prompts and parsing (Figs. 21-22; tiny-arith's compact formats) --------------------------
+    def teacher_prompt(self, reference: str) -> str:
+        if self.compact:
+            return arith.question_prompt("compact", examples=[reference])
+        return self.teacher.format_prompt(TEACHER_PROMPT.replace("{problem}", reference))
+
+    def read_problem(self, text: str) -> TeacherOutput:
+        """The problem, concepts, validity and format score of one teacher output."""
+        if not self.compact:
+            return parse_teacher_output(text, self.params.teacher_rules)
+        parsed = arith.parse_question(text, "compact")
+        if parsed is None:
+            return TeacherOutput(None, (), False, 0.0)
+        return TeacherOutput(parsed.question, self.concepts_of(parsed.question), True, 1.0)
+
+    def concepts_of(self, problem: str) -> tuple[str, ...]:
+        """C_q of a problem whose writer gave no concept list (the seed; every tiny-arith problem)."""
+        return expression_concepts(problem) if self.compact else ()
+
+    def student_prompt(self, problem: str) -> str:
+        if self.compact:
+            return self.task.solver_prompt(problem, None, "compact")
+        return self.policy.format_prompt(STUDENT_PROMPT.replace("{problem}", problem))
+
+    # --- labels, scores, selection, student reward ------------------------------------------------
+    def label(self, c: Candidate, solutions: list[Completion]) -> None:
+        """Majority answer a*_q and solve rate s_q (Eq. 1; the code divides by the parsed answers)."""
+        c.solutions = solutions
+        c.answers = [self.task.parse_answer(s.text, self.policy.prompt_style) for s in solutions]
+        c.vote = majority_vote(c.answers, verify_equivalent if self.params.vote == "verify" else None)
+        if self.params.solve_rate_denominator == "group":
+            c.solve_rate = c.vote.p
+        else:
+            c.solve_rate = c.vote.support / c.vote.n_valid if c.vote.n_valid else None
+
+    def diversity(self, problems: list[TeacherOutput]) -> tuple[np.ndarray, np.ndarray | None]:
+        """score_div of each valid problem against P_{t-1} (Eq. 4, the code's top-5 variant or Eq. 10), and the
+        problems' embeddings (cached when they join the pool)."""
+        p = self.params
+        if p.w_div == 0 or not problems:
+            return np.zeros(len(problems)), None
+        if p.diversity == "concepts":
+            pool_concepts = self.pool.concepts
+            return np.array([concept_novelty(q.concepts, pool_concepts) for q in problems]), None
+        vectors = self.embed_texts([q.problem for q in problems])
+        pool = self.pool_embeddings.matrix(self.pool)
+        if p.diversity == "min_pool":
+            return min_distance_diversity(vectors, pool), vectors
+        return top_k_mean_diversity(vectors, pool, p.top_k_neighbours), vectors
+
+    def score(self, c: Candidate, div: float) -> None:
+        """score_novel (Eq. 5) from solvability (Eq. 2), length (Eq. 3), diversity and format."""
+        p = self.params
+        sol = (triangular_solvability(c.solve_rate, p.s_min, p.s_max, group_size=p.group_size, edge=p.sol_edge)
+               if c.solve_rate is not None else 0.0)
+        length = length_score(mean([len(s.token_ids) for s in c.solutions]), p.l_base, p.l_cap)
+        c.terms = {"sol": sol, "len": length, "div": div, "fmt": c.parsed.format_score}
+        c.novelty = novelty_score(sol, length, div, c.parsed.format_score, w_sol=p.w_sol, w_len=p.w_len,
+                                  w_div=p.w_div, w_fmt=p.w_fmt)
+        c.selection = c.novelty if p.selection_score == "novelty" else p.w_sol * sol + p.w_div * div
+
+    def select(self, candidates: list[Candidate]) -> tuple[set[int], list[Candidate]]:
+        """Teacher groups with the largest Var_j of the selection score and student problems with the largest
+        score (lines 15-16): B/(2G) each over the batch, or one each per chunk of ``teacher_upscale`` groups."""
+        p, G = self.params, self.params.group_size
+        if p.selection_scope == "global":
+            chunks, per_chunk = [range(self.n_groups)], self.n_selected
+        else:
+            chunks, per_chunk = [range(i, i + p.teacher_upscale) for i in range(0, self.n_groups, p.teacher_upscale)], 1
+        teacher_groups: set[int] = set()
+        student_problems: list[Candidate] = []
+        for chunk in chunks:
+            members = [candidates[g * G:(g + 1) * G] for g in chunk]
+            variances = [group_variance([c.selection for c in m], [c.parsed.valid for c in m]
+                                        if p.teacher_variance == "valid_only" else None) for m in members]
+            teacher_groups.update(chunk[i] for i in top_indices(variances, per_chunk))
+            eligible = [c for m in members for c in m if c.parsed.valid]
+            student_problems += [eligible[i] for i in top_indices([c.selection for c in eligible], per_chunk)]
+        return teacher_groups, student_problems
+
+    def reward_student(self, c: Candidate) -> None:
+        """R^S_j = 1[a_j = a*] + delta * score_fom^S(o_j) (Eq. 6) for each of the G solutions."""
+        for solution, answer, agree in zip(c.solutions, c.answers, c.vote.agree):
+            fmt = (float(answer is not None) if self.compact
+                   else student_format_score(solution.text, self.params.student_format))
+            c.student_terms.append({"correct": float(agree), "format": fmt})
+            c.student_rewards.append(float(agree) + self.params.student_fmt_weight * fmt)
+
+    def advantages(self, d_t: list[Candidate], student_problems: list[Candidate]) -> None:
+        """Group-relative advantages (Eq. 8): A^T within each selected teacher group, A^S within the G solutions of
+        each selected problem (unbiased std + eps, as the code)."""
+        eps, G = self.params.adv_eps, self.params.group_size
+        for c, a in zip(d_t, grpo_advantages([c.novelty for c in d_t], [c.group for c in d_t], eps=eps)):
+            c.advantage = float(a)
+        flat = grpo_advantages([r for c in student_problems for r in c.student_rewards],
+                               [i for i, c in enumerate(student_problems) for _ in c.student_rewards], eps=eps)
+        for i, c in enumerate(student_problems):
+            c.student_advantages = flat[i * G:(i + 1) * G].tolist()
+
+    def training_batch(self, d_t: list[Candidate], student_problems: list[Candidate]) -> list[TrainSample]:
+        """D_T ∪ D_S, without the role an ablation leaves untrained."""
+        samples = []
+        if self.roles in ("both", "teacher"):
+            samples += train_samples([c.completion for c in d_t], [c.advantage for c in d_t], "generator")
+        if self.roles in ("both", "student"):
+            samples += train_samples([s for c in student_problems for s in c.solutions],
+                                     [a for c in student_problems for a in c.student_advantages], "solver")
+        return samples
+
+    # --- records and metrics ----------------------------------------------------------------------
+    def records(self, step: int, references: list[str], candidates: list[Candidate],
+                student_problems: list[Candidate]) -> list[dict]:
+        """Sample records: every teacher output (role generator) and the solutions of the student problems."""
+        qid = {id(c): f"s{step}-g{c.group}-{c.index}" for c in candidates}
+        chosen = {id(c) for c in student_problems}
+        rows = []
+        for c in candidates:
+            label = c.vote.label if c.vote else None
+            rows.append({
+                "step": step, "iteration": None, "role": "generator", "phase": "generate",
+                "prompt": c.completion.prompt, "completion": c.completion.text, "reference": references[c.group],
+                "question": c.parsed.problem, "question_id": qid[id(c)], "valid": c.parsed.valid,
+                "concepts": list(c.parsed.concepts), "answer": None, "label": label, "label_source": "majority",
+                "solve_rate": c.solve_rate,
+                "mean_solution_tokens": mean([len(s.token_ids) for s in c.solutions]) if c.solutions else None,
+                "reward": c.novelty, "reward_terms": c.terms, "advantage": c.advantage,
+                "selected": c.advantage is not None, "student_selected": id(c) in chosen,
+                "tokens": len(c.completion.token_ids),
+                "oracle": self.task.oracle(c.parsed.problem, None, None, label) if c.parsed.valid else None,
+            })
+        for c in student_problems:
+            for s, answer, terms, reward, adv in zip(c.solutions, c.answers, c.student_terms, c.student_rewards,
+                                                     c.student_advantages):
+                rows.append({
+                    "step": step, "iteration": None, "role": "solver", "phase": "solve", "prompt": s.prompt,
+                    "completion": s.text, "question": c.parsed.problem, "question_id": qid[id(c)], "valid": True,
+                    "answer": answer, "label": c.vote.label, "label_source": "majority", "solve_rate": c.solve_rate,
+                    "reward": reward, "reward_terms": terms, "advantage": adv, "tokens": len(s.token_ids),
+                    "oracle": self.task.oracle(c.parsed.problem, None, answer, c.vote.label),
+                })
+        return rows
+
+    def metrics(self, candidates: list[Candidate], valid: list[Candidate], teacher_groups: set[int],
+                student_problems: list[Candidate], stats: dict, timer: PhaseTimer) -> dict:
+        p = self.params
+        rates = [c.solve_rate for c in valid if c.solve_rate is not None]
+        solutions = [s for c in valid for s in c.solutions]
+        student_terms = [t for c in student_problems for t in c.student_terms]
+        return {
+            "generator/reward_mean": mean([c.novelty for c in candidates]),
+            "solver/reward_mean": mean([r for c in student_problems for r in c.student_rewards]),
+            **{f"reward/{k}": mean([c.terms[k] for c in candidates]) for k in TERMS},
+            "reward/correct": mean([t["correct"] for t in student_terms]),
+            "reward/student_format": mean([t["format"] for t in student_terms]),
+            "opensir/valid_rate": len(valid) / len(candidates),
+            "opensir/in_window": sum(p.s_min <= r <= p.s_max for r in rates),
+            "solve_rate/all": mean(rates),
+            "solve_rate/teacher_selected": mean([c.solve_rate for c in valid
+                                                 if c.group in teacher_groups and c.solve_rate is not None]),
+            "solve_rate/student_selected": mean([c.solve_rate for c in student_problems
+                                                 if c.solve_rate is not None]),
+            "pool/size": len(self.pool), "pool/concepts": len(self.pool.concepts),
+            "tokens/generator": sum(len(c.completion.token_ids) for c in candidates),
+            "tokens/solver": sum(len(s.token_ids) for s in solutions),
+            "length/generator": mean([len(c.completion.token_ids) for c in candidates]),
+            "length/solver": mean([len(s.token_ids) for s in solutions]),
+            **role_metrics("policy", stats), **timer,
+        }
