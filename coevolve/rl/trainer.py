@@ -10,7 +10,7 @@ import copy
 import logging
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -51,7 +51,6 @@ class UpdateSettings:
     norm_constant: int | None = None  # Dr.GRPO's C; defaults to max_new_tokens
     temperature: float = 1.0  # sampling temperature: log-probs are taken under logits / temperature
     lora: dict | None = None  # peft LoraConfig kwargs, e.g. {"r": 8, "lora_alpha": 16}
-    extra: dict = field(default_factory=dict)
 
 
 def sequence_logprobs(model, samples: Sequence[TrainSample], pad_id: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
