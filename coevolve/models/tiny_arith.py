@@ -5,8 +5,8 @@ cached under ``$COEVOLVE_CACHE/models`` (default ``~/.cache/coevolve/models``) i
 after a hash of the build settings and the format versions, so a change to either builds a new one.
 
 Pretraining mixture (compact formats of :mod:`coevolve.tasks.arith`, levels 1..``max_level``):
-half plain solve traces, a fifth grounded solve traces, and a tenth each of question writing
-from nothing (``W:``), like examples (``E:``) and from a fact sheet with the worked answer (``D:``).
+40% plain solve traces, 30% grounded solve traces, and 10% each of question writing from
+nothing (``W:``), like examples (``E:``) and from a fact sheet with the worked answer (``D:``).
 The loss covers completion tokens and EOS only: prompts are mostly uniformly random digits whose
 loss cannot fall, and would only add gradient noise; writing questions is taught by the
 question-writing samples, whose completion *is* the question. The model is meant to be only partly
@@ -23,11 +23,14 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import transformers
+from filelock import FileLock  # a dependency of huggingface_hub, hence always installed with transformers
 from tokenizers import Tokenizer, decoders, models, processors
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -39,7 +42,7 @@ from coevolve.tasks import arith
 BUILD_VERSION = 1  # bump when the pretraining code changes what a build produces
 CHARS = "".join(chr(c) for c in range(32, 127)) + "\n"  # printable ASCII and newline, one token each
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
-MIXTURE = (("solve", 0.5), ("solve_grounded", 0.2), ("write", 0.1), ("write_examples", 0.1),
+MIXTURE = (("solve", 0.4), ("solve_grounded", 0.3), ("write", 0.1), ("write_examples", 0.1),
            ("write_grounded", 0.1))
 SORT_WINDOW = 32  # batches whose samples are sorted by length together, to cut padding
 
@@ -52,15 +55,15 @@ class TinyArithBuild:
     layers: int = 4
     heads: int = 4
     intermediate: int = 512
-    steps: int = 2400
-    batch: int = 64
-    lr: float = 3e-3
+    steps: int = 4000
+    batch: int = 16
+    lr: float = 1e-3
     warmup: int = 100
     weight_decay: float = 0.01
     seed: int = 0
     max_level: int = 3
     eval_n: int = 200  # held-out problems per level in the build report
-    threads: int = 0  # torch threads while training; 0 means one per CPU core (results can differ by count)
+    threads: int = 1  # torch threads while training (0: one per core); the weights depend on it
 
     @classmethod
     def default(cls) -> TinyArithBuild:
@@ -70,7 +73,7 @@ class TinyArithBuild:
     @classmethod
     def for_tests(cls) -> TinyArithBuild:
         """A much weaker model that builds in well under a minute; enough to emit the formats."""
-        return cls(hidden=64, layers=2, heads=2, intermediate=256, steps=150, batch=32, eval_n=20)
+        return cls(hidden=64, layers=2, heads=2, intermediate=128, steps=400, lr=3e-3, warmup=20, eval_n=20)
 
     def fingerprint(self) -> str:
         """Short hash of the settings and the format and build-code versions."""
@@ -149,18 +152,25 @@ def _lr_factor(step: int, build: TinyArithBuild) -> float:
     return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
 
 
+@contextmanager
+def _torch_threads(build: TinyArithBuild) -> Iterator[None]:
+    """Run with the build's torch thread count, restoring the caller's afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(build.threads or max(1, os.cpu_count() or 1))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def pretrain(build: TinyArithBuild, progress: bool = False) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, list[float]]:
     """Train a fresh model from scratch; returns (model in eval mode, tokenizer, loss per step).
 
     Deterministic for given settings on a given machine: seeded init and data order, and a fixed
     number of torch threads while it runs (the caller's thread count is restored after).
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(build.threads or max(1, os.cpu_count() or 1))
-    try:
+    with _torch_threads(build):
         return _pretrain(build, progress)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _pretrain(build: TinyArithBuild, progress: bool) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, list[float]]:
@@ -215,7 +225,7 @@ def _build_into(folder: Path, build: TinyArithBuild, progress: bool) -> None:
     start = time.time()
     model, tokenizer, losses = pretrain(build, progress)
     trained = time.time()
-    with torch.no_grad():
+    with torch.no_grad(), _torch_threads(build):
         report = {
             "accuracy": greedy_accuracy(model, tokenizer, build.eval_n),
             "grounded_accuracy": greedy_accuracy(model, tokenizer, build.eval_n, grounded=True),
@@ -253,8 +263,6 @@ def ensure_tiny_arith(cache_dir: Path | None = None, build: TinyArithBuild | Non
     renamed into place when complete, so concurrent callers wait for one build and never see a
     partial folder. It holds the safetensors weights, the tokenizer and ``build_info.json``.
     """
-    from filelock import FileLock
-
     build = build or TinyArithBuild.default()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / f"tiny-arith-{build.fingerprint()}"
