@@ -4,11 +4,11 @@ and continues exactly as the uninterrupted run would have."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
+
+import pytest
 
 
 def _args(model_dir, out):
@@ -23,21 +23,49 @@ def _train_rows(out):
     return [r for r in rows if "solver/reward_mean" in r]
 
 
-def test_sigkill_mid_step_then_resume(tmp_path, random_model_dir):
+# The killed run is the same CLI run with one function wrapped so that the process SIGKILLs itself at a fixed
+# point of step 3: deterministic on any machine speed (polling for a checkpoint and killing raced on fast CI).
+_KILL_DRIVER = """
+import os, signal, sys
+import coevolve.store as store
+point = sys.argv.pop(1)
+if point == "after_samples":
+    original = store.RunStore.write_samples
+    def wrapped(self, step, records):
+        original(self, step, records)
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+    store.RunStore.write_samples = wrapped
+else:  # mid_checkpoint: weights of step 3 written, optimizer state not yet
+    original = store.save_file
+    def wrapped(tensors, path, *args, **kwargs):
+        if "/.step_000003." in path:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(tensors, path, *args, **kwargs)
+    store.save_file = wrapped
+from coevolve.cli import app
+sys.argv[0] = "coevolve"
+app()
+"""
+
+
+@pytest.mark.parametrize("kill_point", ["after_samples", "mid_checkpoint"])
+def test_sigkill_mid_step_then_resume(tmp_path, random_model_dir, kill_point):
     reference = tmp_path / "reference"
     subprocess.run(_args(random_model_dir, reference), check=True, capture_output=True, timeout=600)
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_args(random_model_dir, killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (killed / "checkpoints" / "step_000002").exists():
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.time() < deadline
-        time.sleep(0.02)
-    time.sleep(0.15)  # into step 3
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    args = _args(random_model_dir, killed)
+    proc = subprocess.run([sys.executable, "-c", _KILL_DRIVER, kill_point] + args[3:], capture_output=True,
+                          timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not (killed / "summary.json").exists()
+    assert (killed / "checkpoints" / "step_000002").exists()
+    assert not (killed / "checkpoints" / "step_000003").exists()
+    if kill_point == "after_samples":
+        assert (killed / "samples" / "step_000003.jsonl").exists()  # logged, then lost with the step
+    else:
+        assert any(p.name.startswith(".step_000003.") for p in (killed / "checkpoints").iterdir())
 
     resumed = subprocess.run([sys.executable, "-m", "coevolve.cli", "run", "--resume", str(killed), "--quiet"],
                              capture_output=True, text=True, timeout=600)
