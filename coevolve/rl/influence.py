@@ -1,0 +1,161 @@
+"""INFUSER's optimizer-aware influence score, computed by streaming (paper §2.2-2.3, App. D; spec §4.6-4.12).
+
+For a generated question (q, a_φ) with solver rollouts a^1..a^n and mean-centred advantages, the score is
+
+    ĝ      = ∇_θ 𝒥_θ(q, a_φ)                              gradient of the clipped objective (2.10) on its rollouts
+    Γ̂      = ĝ / ( sqrt( (β2·v + (1−β2)·ĝ²) / (1 − β2^t) ) + eps )     (D.4), elementwise
+    ŝ(q)   = ⟨ĝ_dev, Γ̂⟩ / (‖ĝ_dev‖·‖Γ̂‖)                   (2.13)
+
+with v, β2, eps the solver AdamW's live ``exp_avg_sq`` and constants, and t = (optimizer steps taken) + 1. The
+optimizer state is only read. Before the first step the state is empty: v = 0, t = 1, so Γ̂ = ĝ / (|ĝ| + eps),
+about sign(ĝ) (spec §13 item 3). eps sits outside the root, as in torch's AdamW and the paper's App. D.3 (the
+typeset D.4 has it inside; spec §13 item 2). ``precondition=False`` is the ``sgd_cosine`` ablation: Γ̂ = ĝ.
+
+Streaming (App. D.3): one question at a time, its gradient goes into the parameters' ``.grad`` buffers (zeroed and
+reused), and Γ̂ is formed chunk by chunk of each parameter, accumulating only three scalars ⟨Γ̂, ĝ_dev⟩, ‖Γ̂‖² and
+‖ĝ‖². Besides the model and its optimizer state, the phase holds the gradient buffer, ĝ_dev and one chunk of
+temporaries; no per-question parameter-sized tensor is kept. Its cost is one forward and backward per rollout (the
+old log-probs are the current ones, θ = θ_old, so the ratio is 1 and no extra forward is needed) plus an elementwise
+pass over the parameters per question.
+
+Norms are clamped at 1e-12 (spec §4.7); a zero gradient scores 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from coevolve.rl.losses import policy_loss
+from coevolve.rl.trainer import PolicyTrainer, TrainSample, sequence_logprobs
+
+CHUNK = 1 << 20  # elements per streamed slice of a parameter
+NORM_FLOOR = 1e-12
+
+
+def trainable(trainer: PolicyTrainer) -> list[torch.nn.Parameter]:
+    """The parameters the trainer's optimizer updates (LoRA: the adapters only), in optimizer order."""
+    return [p for group in trainer.optimizer.param_groups for p in group["params"]]
+
+
+def accumulate_policy_gradient(trainer: PolicyTrainer, samples: Sequence[TrainSample]) -> None:
+    """Add ∇_θ of the trainer's clipped objective (2.10) on ``samples`` to ``.grad`` at θ_old = θ (no step).
+
+    The samples form one mini-batch: the loss aggregation (``loss_agg``, Dr.GRPO's C, token totals) is the one
+    ``trainer.update`` would use for them, so this is the gradient of one update on exactly these samples. The
+    ratio is 1 (the clip is inactive); TIS weights min(π_old/π_rollout, cap) apply when ``tis_cap`` is set.
+    """
+    st = trainer.settings
+    samples = [s for s in samples if s.completion_ids]
+    if not samples:
+        return
+    totals = {"total_tokens": sum(len(s.completion_ids) for s in samples), "total_sequences": len(samples)}
+    was_training = trainer.model.training
+    trainer.model.train()
+    for start in range(0, len(samples), st.micro_batch_size):
+        part = samples[start:start + st.micro_batch_size]
+        logprobs, mask = sequence_logprobs(trainer.model, part, trainer.pad_id, st.temperature)
+        width = logprobs.shape[1]
+        rollout = torch.zeros_like(logprobs)
+        for row, s in enumerate(part):
+            if s.rollout_logprobs:
+                rollout[row, width - len(s.rollout_logprobs):] = torch.tensor(s.rollout_logprobs)
+        loss, _ = policy_loss(
+            logprobs, logprobs.detach(), torch.tensor([s.advantage for s in part], dtype=torch.float32), mask,
+            clip_low=st.clip_low, clip_high=st.clip_high, tis_cap=st.tis_cap,
+            rollout_logprobs=rollout if st.tis_cap else None, agg=st.loss_agg, norm_constant=st.norm_constant,
+            **totals)
+        loss.backward()
+    trainer.model.train(was_training)
+
+
+def dev_gradient(trainer: PolicyTrainer, samples: Sequence[TrainSample]) -> list[torch.Tensor]:
+    """ĝ_dev (2.11): the solver's policy gradient on the dev rollouts, one tensor per trainable parameter.
+
+    Pass the rollouts of the dev groups with non-zero variance and their mean-centred advantages; with the
+    per-sequence aggregations and n rollouts per question this is the per-question average the paper writes.
+    The ``.grad`` buffers are zeroed afterwards; the optimizer is not touched.
+    """
+    params = trainable(trainer)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    accumulate_policy_gradient(trainer, samples)
+    grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return grads
+
+
+@dataclass(frozen=True)
+class InfluenceStats:
+    """One question's score and the two norms behind it."""
+
+    score: float
+    grad_norm: float  # ‖ĝ‖
+    direction_norm: float  # ‖Γ̂‖
+
+
+Preconditioner = tuple[torch.Tensor | None, int, float, float]  # (v_{t-1} or None, t, β2, eps)
+
+
+def adam_preconditioners(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]) -> list[Preconditioner]:
+    """For each parameter of a torch Adam/AdamW: its live ``exp_avg_sq`` (None while the state is empty), t = its
+    step count + 1, β2 and eps. Read only."""
+    constants = {id(p): (float(g["betas"][1]), float(g["eps"])) for g in optimizer.param_groups for p in g["params"]}
+    out = []
+    for param in params:
+        state = optimizer.state.get(param, {})
+        steps = int(state["step"]) if "step" in state else 0
+        out.append((state.get("exp_avg_sq"), steps + 1, *constants[id(param)]))
+    return out
+
+
+def influence_of_gradient(params: Sequence[torch.nn.Parameter], dev: Sequence[torch.Tensor], dev_norm: float,
+                          preconditioners: Sequence[Preconditioner] | None) -> InfluenceStats:
+    """ŝ for the gradient now in ``params[i].grad`` (2.13), streamed in slices; ``preconditioners`` None: Γ̂ = ĝ."""
+    dot = direction_sq = grad_sq = 0.0
+    for i, (param, target) in enumerate(zip(params, dev)):
+        if param.grad is None:
+            continue
+        g_flat, d_flat = param.grad.reshape(-1), target.reshape(-1)
+        if preconditioners is not None:
+            v, t, beta2, eps = preconditioners[i]
+            v_flat = v.reshape(-1) if v is not None else None
+        for start in range(0, g_flat.numel(), CHUNK):
+            g = g_flat[start:start + CHUNK]
+            grad_sq += float(g.square().sum())
+            if preconditioners is None:
+                direction = g
+            else:
+                second = g.square().mul_(1.0 - beta2)
+                if v_flat is not None:
+                    second.add_(v_flat[start:start + CHUNK], alpha=beta2)
+                direction = g / second.div_(1.0 - beta2 ** t).sqrt_().add_(eps)
+            dot += float((direction * d_flat[start:start + CHUNK]).sum())
+            direction_sq += float(direction.square().sum())
+    direction_norm, grad_norm = direction_sq ** 0.5, grad_sq ** 0.5
+    if direction_norm <= NORM_FLOOR or dev_norm <= NORM_FLOOR:
+        return InfluenceStats(0.0, grad_norm, direction_norm)
+    return InfluenceStats(dot / (dev_norm * direction_norm), grad_norm, direction_norm)
+
+
+def influence_scores(trainer: PolicyTrainer, questions: Sequence[Sequence[TrainSample]], dev: Sequence[torch.Tensor],
+                     precondition: bool = True) -> list[InfluenceStats]:
+    """ŝ(q, a_φ) for each question's rollouts (Phase 4 of Algorithm 1), one backward per question, streamed.
+
+    ``precondition`` False is the ``sgd_cosine`` ablation. The solver's weights and optimizer state are unchanged;
+    the ``.grad`` buffers are left empty.
+    """
+    params = trainable(trainer)
+    dev_norm = float(sum(float(d.double().square().sum()) for d in dev)) ** 0.5
+    preconditioners = adam_preconditioners(trainer.optimizer, params) if precondition else None
+    scores = []
+    trainer.optimizer.zero_grad(set_to_none=False)
+    for rollouts in questions:
+        for p in params:
+            if p.grad is not None:
+                p.grad.zero_()
+        accumulate_policy_gradient(trainer, rollouts)
+        scores.append(influence_of_gradient(params, dev, dev_norm, preconditioners))
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return scores
