@@ -27,9 +27,13 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from coevolve.models import Policy
+    from coevolve.recipes.base import Recipe
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -90,7 +94,7 @@ def warn_if_busy() -> None:
 
 def run_header() -> dict[str, Any]:
     """The command line and a UTC timestamp, for a results file."""
-    return {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+    return {"command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
             "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -100,7 +104,7 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def grpo_recipe(model: str, prompts: int, group: int, max_new_tokens: int, sets: list[str]):
+def grpo_recipe(model: str, prompts: int, group: int, max_new_tokens: int, sets: list[str]) -> Recipe:
     """The ``grpo`` recipe on the arith task with B prompts x G samples per step (more --set overrides last)."""
     from coevolve.recipes import resolve
 
@@ -108,6 +112,20 @@ def grpo_recipe(model: str, prompts: int, group: int, max_new_tokens: int, sets:
                                                 f"params.group_size={group}",
                                                 f"rollout.max_new_tokens={max_new_tokens}", *sets])
     return cls(config, params)
+
+
+def wrap_timer(obj: Any, method: str, sink: list[float]) -> None:
+    """Record the seconds of every call of ``obj.method`` in ``sink`` (instance-level wrapper)."""
+    inner = getattr(obj, method)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            sink.append(time.perf_counter() - started)
+
+    setattr(obj, method, wrapper)
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -127,14 +145,14 @@ def _summary(times: list[float], tokens: int) -> dict[str, Any]:
     return {"seconds": times, "median_s": med, "tokens": tokens, "tokens_per_s": tokens / med}
 
 
-def _prompts(policy, n: int, seed: int = 0) -> list[str]:
+def _prompts(policy: Policy, n: int, seed: int = 0) -> list[str]:
     from coevolve.tasks import arith
 
     problems = arith.sample_problems(n, random.Random(seed), levels=(1, 2, 3, 4))
     return [policy.format_prompt(arith.solver_prompt(p.question, None, policy.prompt_style)) for p in problems]
 
 
-def bench_sampling(policy, seqs: int, tokens: int, repeats: int) -> dict[str, Any]:
+def bench_sampling(policy: Policy, seqs: int, tokens: int, repeats: int) -> dict[str, Any]:
     """Our engine: ``seqs`` sequences x ``tokens`` new tokens in one batch, temperature 1, EOS ignored."""
     from coevolve.rollout import SamplingParams
     from coevolve.rollout.hf import HFRolloutEngine
@@ -146,7 +164,7 @@ def bench_sampling(policy, seqs: int, tokens: int, repeats: int) -> dict[str, An
     return _summary(_timed(lambda: engine.generate(prompts, params, seed=1), repeats), seqs * tokens)
 
 
-def bench_hf_generate(policy, seqs: int, tokens: int, repeats: int) -> dict[str, Any]:
+def bench_hf_generate(policy: Policy, seqs: int, tokens: int, repeats: int) -> dict[str, Any]:
     """The same work through transformers' ``model.generate`` (sampling, KV cache, EOS suppressed)."""
     from coevolve.rollout.hf import encode_prompt, left_pad
 
@@ -164,7 +182,7 @@ def bench_hf_generate(policy, seqs: int, tokens: int, repeats: int) -> dict[str,
     return _summary(_timed(lambda: generate(tokens), repeats), seqs * tokens)
 
 
-def bench_training(policy, seqs: int, length: int, repeats: int) -> dict[str, dict[str, Any]]:
+def bench_training(policy: Policy, seqs: int, length: int, repeats: int) -> dict[str, dict[str, Any]]:
     """``sequence_logprobs`` on ``seqs`` x ``length`` tokens (a fifth prompt): forward only, and forward + backward."""
     from coevolve.rl.trainer import TrainSample, sequence_logprobs
 
@@ -196,20 +214,6 @@ def bench_training(policy, seqs: int, length: int, repeats: int) -> dict[str, di
               "forward_backward": _summary(_timed(forward_backward, repeats), seqs * length)}
     model.eval()
     return result
-
-
-def wrap_timer(obj: Any, method: str, sink: list[float]) -> None:
-    """Record the seconds of every call of ``obj.method`` in ``sink`` (instance-level wrapper)."""
-    inner = getattr(obj, method)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            sink.append(time.perf_counter() - started)
-
-    setattr(obj, method, wrapper)
 
 
 def bench_grpo_step(model: str, prompts: int, group: int, max_new_tokens: int, steps: int,
@@ -259,7 +263,8 @@ def print_tables(results: dict[str, dict[str, Any]], machine: dict[str, Any]) ->
     for col in ("model", "B x G x T", "tokens", "solve s", "reward s", "update s", "(old-logprob pass)", "other s",
                 "step s"):
         phases.add_column(col, justify="left" if col in ("model", "B x G x T") else "right")
-    for model, res in results.items():
+    for name, res in results.items():
+        model = Path(name).name if os.sep in name else name
         for label, key, work in (("sampling (coevolve engine)", "sampling", res.get("sampling_work")),
                                  ("sampling (HF generate)", "sampling_hf_generate", res.get("sampling_work"))):
             if key in res:
@@ -281,13 +286,14 @@ def print_tables(results: dict[str, dict[str, Any]], machine: dict[str, Any]) ->
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options; sizes left unset take the per-model defaults."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny-arith", "smollm2-135m"],
                         help="built-in names or local model folders")
     parser.add_argument("--only", nargs="+", choices=["sampling", "training", "grpo"],
                         default=["sampling", "training", "grpo"], help="which measurements to run")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run in well under a minute per model")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run (about a minute for both models)")
     for field in dataclasses.fields(Sizes):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=int, default=None,
                             help="override the size (default: per model, see FULL_SIZES / QUICK_SIZES)")

@@ -12,8 +12,10 @@ differ; tokens per step are reported for both, with seconds per 1000 generated t
 with an extra forward pass; TRL skips it when generation and optimizer steps are aligned (as here) and computes
 the token entropy in its loss pass.
 
-Each side runs a warm-up step and then ``--steps`` timed steps; the report gives the median seconds per step, the
-ratio TRL / coevolve (above 1: coevolve is faster) and a split into sampling, reward and the rest.
+The order is coevolve, TRL, coevolve again (a fresh recipe redoing the same steps), so load that drifts during the
+run falls on both sides. Each block runs ``--warmup`` untimed steps, then ``--steps`` timed steps; the report gives
+the median seconds per step (coevolve: over both of its blocks), the ratio TRL / coevolve (above 1: coevolve is
+faster) and a split into sampling, reward and the rest.
 Writes ``bench/results/trl.json``. Run from the repository root:
 ``.venv/bin/python bench/trl_side_by_side.py [--quick]`` (needs ``pip install "trl>=0.14"``, the ``bench`` extra).
 """
@@ -39,8 +41,8 @@ from speed import (
 )
 
 
-def run_coevolve(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, str]]]:
-    """Warm-up + timed steps of the grpo recipe; returns the report and the prompts it drew, in order."""
+def run_coevolve(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Warm-up + timed steps of a fresh grpo recipe; returns every step's row and the prompts drawn, in order."""
     batch = args.prompts * args.group
     recipe = grpo_recipe(args.model, args.prompts, args.group, args.max_new_tokens, [
         f"rollout.batch_size={batch}", f"train.micro_batch_size={args.micro_batch}", f"train.lr={args.lr}",
@@ -56,7 +58,7 @@ def run_coevolve(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[st
                      "reward_s": m["time/reward_s"], "reward_mean": m["solver/reward_mean"],
                      "prompts": sorted({r["prompt"] for r in out.samples})})
         dataset += [{"prompt": r["prompt"], "answer": r["label"]} for r in out.samples[::args.group]]
-    return summarize(rows, args.warmup), dataset
+    return rows, dataset
 
 
 class _StepClock:
@@ -75,10 +77,10 @@ class _StepClock:
         self.last = 0.0
 
         class Callback(TrainerCallback):
-            def on_train_begin(self, args, state, control, **kwargs):
+            def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 clock.last = time.perf_counter()
 
-            def on_step_end(self, args, state, control, **kwargs):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 now = time.perf_counter()
                 clock.rows.append({"step": state.global_step, "wall_s": now - clock.last,
                                    "tokens": sum(clock.tokens), "sample_s": sum(clock.generate),
@@ -92,15 +94,19 @@ class _StepClock:
         self.callback = Callback()
 
 
-def run_trl(args: argparse.Namespace, dataset: list[dict[str, str]]) -> dict[str, Any]:
-    """The same steps through ``trl.GRPOTrainer``."""
+def run_trl(args: argparse.Namespace, dataset: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The same steps through ``trl.GRPOTrainer``; returns every step's row."""
     from datasets import Dataset
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
+    from trl import __version__ as trl_version
 
     from coevolve.models import load_policy
     from coevolve.tasks.registry import get_task
 
+    if not hasattr(GRPOTrainer, "_generate_single_turn"):
+        raise SystemExit(f"TRL {trl_version} has no GRPOTrainer._generate_single_turn, which this script times as "
+                         "TRL's sampling phase; it was written against TRL 1.16: pip install 'trl>=1.16'")
     policy = load_policy(args.model)
     task, style = get_task("arith"), policy.prompt_style
     clock = _StepClock()
@@ -137,24 +143,25 @@ def run_trl(args: argparse.Namespace, dataset: list[dict[str, str]]) -> dict[str
         trainer.remove_callback(PrinterCallback)  # it prints the end-of-training summary
         wrap_timer(trainer, "_generate_single_turn", clock.generate)
         trainer.train()
-    return summarize(clock.rows, args.warmup)
+    return clock.rows
 
 
-def summarize(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
-    """Medians over the timed steps (after ``warmup``), and every step's row."""
-    timed = rows[warmup:]
+def summarize(blocks: list[list[dict[str, Any]]], warmup: int) -> dict[str, Any]:
+    """Medians over the timed steps of every block (each after its ``warmup`` steps), and every step's row."""
+    timed = [r for rows in blocks for r in rows[warmup:]]
     med = {k: statistics.median(r[k] for r in timed) for k in ("wall_s", "tokens", "sample_s", "reward_s")}
     return {
         "median_s": med["wall_s"], "median_tokens": med["tokens"], "median_sample_s": med["sample_s"],
         "median_reward_s": med["reward_s"], "median_rest_s": statistics.median(
             r["wall_s"] - r["sample_s"] - r["reward_s"] for r in timed),
         "median_s_per_1k_tokens": statistics.median(1000 * r["wall_s"] / max(r["tokens"], 1) for r in timed),
-        "warmup_steps": warmup, "steps": rows,
+        "warmup_steps": warmup, "blocks": blocks,
     }
 
 
 def print_table(ours: dict[str, Any], trl: dict[str, Any], ratio: float, ratio_per_token: float,
                 title: str) -> None:
+    """Both sides' medians and the ratios (rich)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -171,6 +178,7 @@ def print_table(ours: dict[str, Any], trl: dict[str, Any], ratio: float, ratio_p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (``--quick`` replaces the sizes)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="tiny-arith", help="built-in name or local model folder")
@@ -179,7 +187,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="max completion length")
     parser.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward pass")
     parser.add_argument("--lr", type=float, default=5e-5)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per side")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per block")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
@@ -199,15 +207,19 @@ def main(argv: list[str] | None = None) -> None:
     import trl
 
     warn_if_busy()
-    header, load_start = run_header(), machine_info()["load_avg_1_5_15"]
-    ours, dataset = run_coevolve(args)
-    load_between = machine_info()["load_avg_1_5_15"]
-    theirs = run_trl(args, dataset)
+    header, loads = run_header(), [machine_info()["load_avg_1_5_15"]]
+    # coevolve, TRL, coevolve again (a fresh recipe, the same steps): load that drifts during the run hits both sides
+    ours_first, dataset = run_coevolve(args)
+    loads.append(machine_info()["load_avg_1_5_15"])
+    trl_rows = run_trl(args, dataset)
+    loads.append(machine_info()["load_avg_1_5_15"])
+    ours_again, _ = run_coevolve(args)
+    ours, theirs = summarize([ours_first, ours_again], args.warmup), summarize([trl_rows], args.warmup)
     ratio = theirs["median_s"] / ours["median_s"]
     ratio_per_token = theirs["median_s_per_1k_tokens"] / ours["median_s_per_1k_tokens"]
-    same_prompts = len(ours["steps"]) == len(theirs["steps"]) and all(
-        a["prompts"] == b["prompts"] for a, b in zip(ours["steps"], theirs["steps"]))
-    machine = {**machine_info(), "load_avg_at_start": load_start, "load_avg_between": load_between}
+    same_prompts = len(ours_first) == len(trl_rows) and all(
+        a["prompts"] == b["prompts"] for a, b in zip(ours_first, trl_rows))
+    machine = {**machine_info(), "load_avg_before_each_block": loads}
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     write_json(args.out, {**header, "machine": machine, "trl": trl.__version__, "settings": settings,
                           "same_prompts_every_step": same_prompts, "coevolve": ours, "trl_grpo_trainer": theirs,
