@@ -1,0 +1,171 @@
+r"""Prism: R-Zero's schedule with a cluster-coverage questioner reward and a Solver-initialised Questioner.
+
+Paper: "Preventing Curriculum Collapse in Self-Evolving Reasoning Systems" (``shared/seeds/prism.txt``, Algorithm 1);
+spec: ``shared/spec/prism.md``. Offline, once per reference corpus: embed its questions, K-Means with K clusters, save
+the L2-normalised centroids mu_k (reused by every later run). Then n_k <- alpha and, for each iteration t:
+
+    4.     Q_t <- S_{t-1}, with a fresh optimizer (``questioner_init: previous_questioner`` is the ablation)
+    5-6.   n carried over from the end of iteration t-1 (never reset; saved with every checkpoint)
+    8.     for each of the ``questioner_steps`` GRPO steps:
+    9.       B_Q x G_Q questions from Q_t
+    10.      p(q) from m_s samples of the frozen S_{t-1} (agreement with their majority answer)
+    11-12.   every q with p(q) >= 0.5: c(q) = argmax_k <f(q), mu_k>
+    13.      d(q) = exp(-n_c(q) / mean_k n_k), from the counts before this batch
+    14.      r(q) = zpd(p) (1 + lambda d) inside [0.5, 0.9], 0 outside, -1 for a bad format
+    16.      GRPO update of Q_t
+    17.      n_k <- gamma n_k once, then + (1 - gamma) per assigned question
+    20.    pool of N_pool questions from Q_t labelled by S_{t-1}, filtered to p in [0.5, 0.9]
+    21.    S_t from S_{t-1} by GRPO on the pool with majority-vote rewards (R-Zero's solver phase, unchanged)
+
+Everything but lines 4 and 11-17 is :mod:`coevolve.recipes.r_zero`. The pool's questions are assigned too (logged as
+``cluster`` in the ``pool`` sample rows: N_pool raw generations per iteration, the sample the spec's coverage
+statistics use, §4.9); they do not touch n.
+
+Where the paper and its spec settle a gap differently, or the paper disagrees with itself:
+- Which questions are assigned and counted: Algorithm 1 line 11 says p in [0.5, 0.9], §4.2 step 1 and the code say
+  p >= 0.5 (questions solved every time still raise their cluster's count). Default ``count_scope: solvable``
+  (p >= 0.5); ``in_band`` and ``all_valid`` are options (spec §13 #3).
+- The band of the pool is the ZPD band (Algorithm 1 line 20); both are ``band``.
+- The -1 for a bad format and m_s = 10 come from the code; the paper is silent (spec §13 #6, #7).
+
+Presets. ``paper``: Appendix A on the one offline chat model (GPU-scale), K = 128, lambda = 5, gamma = 0.99,
+alpha = 1, the cluster space built from the MATH test problems that are not in MATH-500 (the paper's "MATH training
+split" is not available offline; spec §13 #1), mean-only advantages (eq. 2). ``reference_code``: the released code's
+differences as for ``r_zero`` (lr 1e-6, 50 solver steps, 2 PPO epochs, clip 0.2/0.3, std-normalised advantages,
+pool p over answered samples, solver format term 0.1) with the corpus GSM8K train (its second corpus; MATH train is
+not offline). Not reproduced: the code's un-normalised centroids at training time and its warm start from the
+previous pool's integer histogram (spec §13 #2, #11: the spec recommends the paper's forms), its cluster-balanced
+pool option, and the KL reference (M_0 here, see ``r_zero``). The encoder is all-MiniLM-L6-v2, not
+Qwen3-Embedding-0.6B.
+
+``small`` (tiny-arith): 2 000 generated arithmetic questions, K = 32 (spec §12.4); gamma = 0.95 so that
+(1 - gamma) |A| / (K alpha), the share of the prior one step adds, is about 0.05-0.1 at 64 questions per step (with
+the paper's 0.99 the bonus stays flat at this batch size, spec §4.5, §10).
+
+Ablations (paper §6.3, spec §9): ``lam`` (0: no rarity bonus), ``gamma``, ``k``, ``zpd_gate: false`` (the gate
+becomes the band's indicator: rarity still needs 0.5 <= p <= 0.9), ``questioner_init: previous_questioner``; the
+diversity-free cell of the 2 x 2 table is ``r_zero`` with ``params.questioner_init=solver``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from coevolve.analytics.diversity import cluster_stats
+from coevolve.embeddings import ClusterSpace, embed
+from coevolve.recipes.base import mean, register
+from coevolve.recipes.r_zero import _CODE_TRAIN, _PAPER_PARAMS, _PAPER_SCALE, Question, RZero, RZeroParams
+from coevolve.rewards.coverage import CoverageCounts, ReferenceCorpus, cluster_space_for, prism_reward, zpd_gate
+from coevolve.rewards.uncertainty import in_band
+
+
+class PrismParams(RZeroParams):
+    """R-Zero's schedule with Prism's band and initialisation, plus the coverage reward's settings."""
+
+    band: list[float] = Field([0.5, 0.9], min_length=2, max_length=2,
+                              description="the ZPD band and the pool band")
+    questioner_init: Literal["previous_questioner", "solver"] = Field("solver", description="Q_t from S_{t-1}")
+    lam: float = Field(5.0, ge=0, description="lambda, weight of the rarity bonus (0: no rarity bonus)")
+    gamma: float = Field(0.99, gt=0, lt=1, description="EMA decay of the visit counts")
+    alpha: float = Field(1.0, gt=0, description="initial visit count of every cluster")
+    k: int | None = Field(None, gt=1, description="K clusters; default 32 for arith, 128 otherwise")
+    reference_corpus: ReferenceCorpus | None = Field(
+        None, description="corpus of the cluster space; default arith for the arith task, math_minus_math500 else")
+    cluster_space: str | None = Field(None, description="folder of a saved cluster space (overrides the corpus)")
+    encoder: str | None = Field(None, description="sentence-transformers folder; default: packaged all-MiniLM-L6-v2")
+    zpd_gate: bool = Field(True, description="false: the band's indicator replaces the ZPD gate (ablation)")
+    solvable: float = Field(0.5, ge=0, le=1, description="majority-vote threshold for cluster assignment")
+    count_scope: Literal["solvable", "in_band", "all_valid"] = Field(
+        "solvable", description="which questions are assigned and counted: p >= solvable, p in band, or all valid")
+
+
+@register
+class Prism(RZero):
+    name = "prism"
+    summary = ("R-Zero's schedule; questioner reward zpd(p) * (1 + lambda * rarity of its embedding cluster) with "
+               "persistent decayed cluster counts; questioner re-initialised from the solver each iteration")
+    Params = PrismParams
+    presets = {
+        "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26,
+                  "params": {"gamma": 0.95}},
+        "paper": {**_PAPER_SCALE, "params": {**_PAPER_PARAMS, "advantage": "dr_grpo", "k": 128,
+                                             "reference_corpus": "math_minus_math500"}},
+        "reference_code": {**_PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
+                           "train": {**_PAPER_SCALE["train"], **_CODE_TRAIN},
+                           "params": {**_PAPER_PARAMS, "solver_steps": 50, "pool_p_denominator": "answered",
+                                      "solver_format_weight": 0.1, "k": 128, "reference_corpus": "gsm8k_train"}},
+    }
+
+    def __init__(self, config, params: PrismParams):
+        super().__init__(config, params)
+        if params.cluster_space:
+            self.space = ClusterSpace.load(params.cluster_space)
+        else:  # built once per corpus, K, seed and encoder; reused from the cache afterwards
+            corpus = params.reference_corpus or ("arith" if self.arith else "math_minus_math500")
+            self.space, _ = cluster_space_for(corpus, params.k or (32 if self.arith else 128),
+                                              encoder=params.encoder, data_dir=config.data_dir)
+        self.coverage = CoverageCounts(self.space.k, params.gamma, params.alpha)  # n_k <- alpha
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray:
+        """f(q): L2-normalised sentence embeddings."""
+        return embed(texts, path=self.params.encoder)
+
+    def assign(self, questions: list[Question]) -> np.ndarray:
+        """c(q) = argmax_k <f(q), mu_k> (eq. 9), stored on each question."""
+        ids = self.space.assign(self.embed_texts([q.text for q in questions])) if questions else np.zeros(0, int)
+        for q, c in zip(questions, ids):
+            q.cluster = int(c)
+        return ids
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "coverage": self.coverage.state_dict()}
+
+    def load_state_dict(self, state) -> None:
+        super().load_state_dict(state)
+        self.coverage.load_state_dict(state["coverage"])
+
+    # --- Algorithm 1, lines 11-17 -----------------------------------------------------------------
+    def questioner_rewards(self, questions: list[Question]) -> dict[str, float]:
+        p, band = self.params, self.params.band
+        counted = [q for q in questions if q.p is not None and self.counts_towards_coverage(q.p)]
+        counted_ids = {id(q) for q in counted}
+        scored = [q for q in questions if q.p is not None and (in_band(q.p, *band) or id(q) in counted_ids)]
+        ids = self.assign(scored)  # line 12
+        rarity = dict(zip(map(id, scored), self.coverage.rarity(ids)))  # line 13, counts before this batch
+        for q in questions:
+            d = float(rarity.get(id(q), 0.0))
+            gate = None if q.p is None else (zpd_gate(q.p, low=band[0], high=band[1]) if p.zpd_gate
+                                             else float(in_band(q.p, *band)))
+            q.terms = {"zpd": gate or 0.0, "rarity": d}
+            q.reward = prism_reward(q.p, d, p.lam, gate)  # line 14
+        self.coverage.update([q.cluster for q in counted])  # line 17, after the rewards (line 16 follows in step)
+        d_values = [float(x) for x in rarity.values()]
+        counts = self.coverage.counts
+        return {"prism/assigned": len(counted), "prism/rarity_mean": mean(d_values),
+                "prism/rarity_spread": max(d_values) - min(d_values) if d_values else float("nan"),
+                "prism/count_max_over_mean": float(counts.max() / counts.mean()),
+                "prism/step_clusters": len({q.cluster for q in counted})}
+
+    def counts_towards_coverage(self, p: float) -> bool:
+        """Whether a scored question is assigned and counted (``count_scope``)."""
+        scope = self.params.count_scope
+        if scope == "solvable":
+            return p >= self.params.solvable - 1e-9
+        return scope == "all_valid" or in_band(p, *self.params.band)
+
+    # --- the pool's coverage (logged, never counted) ------------------------------------------------
+    def describe_pool(self, candidates: list[Question]) -> None:
+        self.assign([q for q in candidates if q.text is not None])
+
+    def pool_metrics(self, candidates: list[Question]) -> dict[str, float]:
+        generated = cluster_stats(self.space.counts(np.array([q.cluster for q in candidates if q.cluster is not None],
+                                                             dtype=np.int64)))
+        kept = cluster_stats(self.space.counts(np.array([q.cluster for q in candidates if self.keep(q)],
+                                                        dtype=np.int64)))
+        return {**super().pool_metrics(candidates),
+                **{f"coverage/generated_{k}": generated[k] for k in ("active", "normalized_entropy", "gini",
+                                                                     "top10pct_share")},
+                **{f"coverage/pool_{k}": kept[k] for k in ("active", "normalized_entropy")}}

@@ -1,0 +1,413 @@
+r"""R-Zero: a Questioner (R-Zero's "Challenger") and a Solver co-evolve in alternating GRPO phases from one base model.
+
+Paper: R-Zero (Huang et al. 2025), as Prism re-implements it (``shared/spec/prism.md`` §3, §4.8; paper
+``shared/seeds/prism.txt`` §5). Q_0 = S_0 = M_0; for each iteration t:
+
+Questioner phase (``questioner_steps`` = 6 GRPO steps), the Solver frozen at S_{t-1}:
+    1. Q_t <- Q_{t-1} (``questioner_init: solver`` is the SolverInit ablation, Q_t <- S_{t-1});
+    2. B_Q copies of the questioner prompt, G_Q = 4 outputs each; q = the question of each output;
+    3. p(q) = share of m_s = 10 solver samples that agree with their majority answer;
+    4. r = max(0, r_unc(p) - r_rep) with r_unc = 1 - 2|p - 1/2| and r_rep the BLEU-cluster share of the batch
+       (0 for a bad format; the code's form: min(p, 1-p) - r_rep, -1 - r_rep for a bad format);
+    5. group-relative advantages over the G_Q outputs of a prompt copy; one GRPO update of Q_t.
+Pool (at the start of the Solver phase):
+    6. N_pool questions from Q_t, labelled by the majority answer of m_l = 8 samples of S_{t-1};
+    7. keep those with p in the band ([0.25, 0.75] paper, [0.3, 0.8] code) and no pool-filter reason.
+Solver phase (``solver_steps`` = 20 GRPO steps): S_t <- S_{t-1}; each step draws questions from the pool (in a
+    shuffled order per iteration), G_S = 8 rollouts each, reward 1 if the answer agrees with the majority label
+    (plus ``solver_format_weight`` times the ``<think>..</think>..\boxed{}`` format, the code's 0.1), one update.
+
+One loop step is one GRPO update of one role: step s lies in iteration (s-1) // (S_Q + S_S) + 1, its first S_Q steps
+train the Questioner, the rest the Solver; ``steps`` = T * (S_Q + S_S) (T = 4: 104 steps). The pool and the
+iteration's state are in ``state_dict``, so a run resumes at any step.
+
+Paper vs code (presets ``paper`` / ``reference_code``; spec §4.2, §4.8, §13):
+
+=====================  ====================================  ==========================================
+item                   ``paper``                             ``reference_code``
+=====================  ====================================  ==========================================
+questioner reward      max(0, r_unc - r_rep), bad format 0   min(p, 1-p) - r_rep, bad format -1 - r_rep
+pool band              [0.25, 0.75] (recalled in the spec)   [0.3, 0.8]
+pool p denominator     all m_l samples                       samples with an answer (§13 #14)
+advantage              r - mean (``dr_grpo``)                (r - mean) / (std + 1e-6) (``grpo``)
+solver reward          agreement                             0.9 agreement + 0.1 format
+lr, solver steps       5e-6, 20                              1e-6, 50; 2 PPO epochs, clip 0.2/0.3, wd 0.01
+=====================  ====================================  ==========================================
+
+Not reproduced: the KL reference is the base model M_0 for both roles throughout (the trainer's frozen copy; verl
+resets it to each phase's initial weights, which a resumed run could not rebuild from its checkpoints); the code's
+separate top_p for the pool (0.95) and questioner training (0.99); its use of the step-5/step-15 checkpoints.
+The chat prompts fold R-Zero's system text into the user turn; the solver prompt is the harness's
+(``coevolve.tasks.math``). tiny-arith (``small``): the questioner prompt is ``W:`` and its output ``Q:<expression>``
+(valid = it parses; the compact writer states no answer), BLEU runs on characters, and the schedule is the paper's
+(T = 4 iterations of 6 + 20 steps) at 16 x 4 questions per questioner step and 16 x 8 rollouts per solver step.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from coevolve.grading.equivalence import answers_equivalent, verify_equivalent
+from coevolve.grading.extract import extract_boxed
+from coevolve.grading.vote import VoteResult, majority_vote
+from coevolve.models import Policy
+from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput, mean, register, role_metrics,
+                                   step_seed, train_samples)
+from coevolve.rewards.uncertainty import (BleuTokens, RZeroForm, in_band, pool_filter_reasons, repetition_penalty,
+                                          rzero_reward, uncertainty_reward)
+from coevolve.rl.advantages import compute_advantages
+from coevolve.rl.trainer import PolicyTrainer
+from coevolve.rollout import Completion
+from coevolve.tasks import arith
+from coevolve.tasks.registry import get_task
+
+# R-Zero's questioner prompt (spec §5; system text folded into the user turn).
+QUESTIONER_PROMPT = (
+    "You are an expert competition-math problem setter.\n"
+    "FIRST, in your private scratch-pad, think step-by-step to design a brand-new, non-trivial problem. The problem "
+    "could come from any field of mathematics, including but not limited to algebra, geometry, number theory, "
+    "combinatorics, prealgebra, probability, statistics, and calculus. Aim for a difficulty such that fewer than 30% "
+    "of advanced high-school students could solve it. Avoid re-using textbook cliches or famous contest problems.\n"
+    "THEN, without revealing any of your private thoughts, output exactly the following two blocks:\n\n"
+    "<question>\n{The full problem statement on one or more lines}\n</question>\n\n\\boxed{final_answer}\n\n"
+    "Do NOT output anything else.\n\n"
+    "Generate one new, challenging reasoning question now. Remember to format the output exactly as instructed."
+)
+_QUESTION_BLOCK = re.compile(r"<question>(.*?)</question>", re.DOTALL)
+_THINK_FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
+
+# The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU).
+_PAPER_SCALE = {
+    "model": "smollm2-135m", "task": "math", "steps": 104, "eval_every": 26,
+    "rollout": {"temperature": 1.0, "top_p": 1.0, "top_k": 40, "max_new_tokens": 2048, "batch_size": 64},
+    "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4},
+    "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 1024,
+}
+_PAPER_PARAMS = {"questioner_prompts": 512, "questioner_group": 4, "score_samples": 10, "pool_size": 8000,
+                 "label_samples": 8, "solver_questions": 128, "solver_group": 8, "question_max_tokens": 4096}
+_CODE_TRAIN = {"lr": 1e-6, "epochs": 2, "clip_low": 0.2, "clip_high": 0.3, "weight_decay": 0.01}
+
+
+class RZeroParams(RecipeParams):
+    """The schedule, batch sizes and reward switches shared by ``r_zero`` and ``prism``."""
+
+    questioner_steps: int = Field(6, ge=0, description="S_Q, questioner GRPO steps per iteration")
+    solver_steps: int = Field(20, ge=0, description="S_S, solver GRPO steps per iteration")
+    questioner_prompts: int = Field(16, gt=0, description="B_Q, copies of the questioner prompt per step")
+    questioner_group: int = Field(4, gt=1, description="G_Q, outputs per prompt copy (the GRPO group)")
+    score_samples: int = Field(10, gt=0, description="m_s, solver samples that score p(q) for the questioner")
+    pool_size: int = Field(256, gt=0, description="N_pool, candidate questions generated for the solver")
+    label_samples: int = Field(8, gt=0, description="m_l, solver samples for each pool question's label")
+    band: list[float] = Field([0.25, 0.75], min_length=2, max_length=2,
+                              description="keep pool questions with band[0] <= p <= band[1]")
+    pool_p_denominator: Literal["all", "answered"] = Field("all", description="pool p over m_l or over answers")
+    solver_questions: int = Field(16, gt=0, description="pool questions per solver step")
+    solver_group: int = Field(8, gt=1, description="G_S, rollouts per question")
+    solver_format_weight: float = Field(0.0, ge=0, le=1, description="r = (1-w) agree + w format (code: 0.1)")
+    questioner_init: Literal["previous_questioner", "solver"] = Field(
+        "previous_questioner", description="Q_t from Q_{t-1} (R-Zero) or from S_{t-1} (Prism's SolverInit)")
+    reward_form: RZeroForm = Field("paper", description="R-Zero's composite: paper max(0, .) or code form")
+    repetition_threshold: float = Field(0.5, gt=0, le=1, description="BLEU-distance threshold of the clustering")
+    repetition_weight: float = Field(1.0, ge=0, description="lambda_rep (0: no repetition penalty)")
+    bleu_tokens: BleuTokens | None = Field(None, description="BLEU tokens: none (words) or char; default char "
+                                                             "for the arithmetic task, words otherwise")
+    advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="(r-mean)/(std+eps) or r-mean")
+    question_max_tokens: int = Field(48, gt=0, description="budget of a questioner output")
+
+    @model_validator(mode="after")
+    def _check(self) -> RZeroParams:
+        if not 0.0 <= self.band[0] <= self.band[1] <= 1.0:
+            raise ValueError(f"band {self.band} must satisfy 0 <= low <= high <= 1")
+        if self.questioner_steps + self.solver_steps == 0:
+            raise ValueError("an iteration needs at least one step")
+        return self
+
+
+@dataclass
+class Question:
+    """One questioner output, what the frozen solver made of it, and its reward."""
+
+    output: Completion
+    text: str | None  # q; None: the output failed the format check
+    own_answer: str | None  # the questioner's own answer: logged, never a label
+    answers: list[str | None] = field(default_factory=list)
+    vote: VoteResult | None = None
+    p: float | None = None  # solver agreement with the majority answer
+    solver_tokens: int = 0  # tokens the solver sampled to score it
+    cluster: int | None = None  # Prism's c(q)
+    terms: dict[str, float] = field(default_factory=dict)
+    reward: float = 0.0
+    advantage: float = 0.0
+
+    @property
+    def label(self) -> str | None:
+        return self.vote.label if self.vote else None
+
+
+@dataclass
+class PoolItem:
+    """A labelled question of the solver's pool."""
+
+    question: str
+    label: str
+    p: float
+    question_id: str
+
+
+@register
+class RZero(Recipe):
+    name = "r_zero"
+    summary = ("questioner and solver in alternating GRPO phases; uncertainty reward minus BLEU-cluster repetition "
+               "penalty; majority-vote labels, pool band filter")
+    Params = RZeroParams
+    defaults = {"steps": 104, "eval_every": 26, "rollout": {"temperature": 1.0, "max_new_tokens": 64},
+                "train": {"lr": 3e-5, "grad_clip": 1.0}}
+    presets = {
+        "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26},
+        "paper": {**_PAPER_SCALE, "params": {**_PAPER_PARAMS, "advantage": "dr_grpo"}},
+        "reference_code": {**_PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
+                           "train": {**_PAPER_SCALE["train"], **_CODE_TRAIN},
+                           "params": {**_PAPER_PARAMS, "solver_steps": 50, "reward_form": "code",
+                                      "band": [0.3, 0.8], "pool_p_denominator": "answered",
+                                      "solver_format_weight": 0.1}},
+    }
+
+    def __init__(self, config, params: RZeroParams):
+        super().__init__(config, params)
+        self.task = get_task(config.task, data_dir=config.data_dir)
+        solver = self.load_policy()  # S_0 = M_0
+        questioner = Policy(solver.name, copy.deepcopy(solver.model), solver.tokenizer, solver.prompt_style)  # Q_0
+        self.solver_trainer, self.questioner_trainer = self.make_trainer(solver), self.make_trainer(questioner)
+        self.solver_policy, self.questioner = solver, questioner
+        self.style = solver.prompt_style
+        self.arith = self.task.name == "arith"
+        self.question_prompt = solver.format_prompt(arith.question_prompt(self.style) if self.arith
+                                                    else QUESTIONER_PROMPT)
+        self.question_sampling = replace(self.sampling, max_new_tokens=params.question_max_tokens)
+        self.vote_equivalence = None if self.arith else verify_equivalent  # integers: the vote's exact fast path
+        self.bleu_tokens = params.bleu_tokens or ("char" if self.arith else "none")
+        self.period = params.questioner_steps + params.solver_steps
+        self.pool: list[PoolItem] = []
+        self.pool_iteration = 0  # the iteration whose pool ``self.pool`` is
+
+    def trainers(self) -> dict[str, PolicyTrainer]:
+        return {"questioner": self.questioner_trainer, "solver": self.solver_trainer}
+
+    def solver(self) -> Policy:
+        return self.solver_policy
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pool_iteration": self.pool_iteration, "pool": [vars(item) for item in self.pool]}
+
+    def load_state_dict(self, state) -> None:
+        self.pool_iteration = int(state["pool_iteration"])
+        self.pool = [PoolItem(**item) for item in state["pool"]]
+
+    def schedule(self, step: int) -> tuple[int, str, int]:
+        """(iteration t, phase, index of the step within its phase) of loop step ``step`` (1-based)."""
+        t, offset = divmod(step - 1, self.period)
+        if offset < self.params.questioner_steps:
+            return t + 1, "questioner", offset
+        return t + 1, "solver", offset - self.params.questioner_steps
+
+    def step(self, step: int) -> StepOutput:
+        t, phase, index = self.schedule(step)
+        if phase == "questioner":
+            return self.questioner_step(step, t, index)
+        return self.solver_step(step, t, index)
+
+    # --- questioner phase -------------------------------------------------------------------------
+    def questioner_step(self, step: int, t: int, index: int) -> StepOutput:
+        p, timer, seed = self.params, PhaseTimer(), self.config.seed
+        if index == 0 and t > 1:  # line 2: Q_t <- Q_{t-1}, or S_{t-1} (SolverInit)
+            self.init_questioner()
+        with timer("generate"):  # B_Q prompt copies x G_Q outputs
+            groups = self.sample_groups(self.questioner, [self.question_prompt] * p.questioner_prompts,
+                                        p.questioner_group, step_seed(seed, step, "questions"), self.question_sampling)
+            questions = [self.read_question(o) for group in groups for o in group]
+        with timer("score"):  # p(q) from m_s samples of the frozen solver S_{t-1}
+            self.label(questions, p.score_samples, step_seed(seed, step, "score"), "all")
+        with timer("reward"):
+            extra = self.questioner_rewards(questions)
+            group_ids = [g for g, group in enumerate(groups) for _ in group]
+            for q, a in zip(questions, compute_advantages(p.advantage, [q.reward for q in questions], group_ids)):
+                q.advantage = float(a)
+        stats: dict[str, float] = {}
+        if not self.config.frozen_generator:
+            with timer("update_questioner"):
+                stats = self.questioner_trainer.update(
+                    train_samples([q.output for q in questions], [q.advantage for q in questions], "generator"))
+        return StepOutput(
+            metrics={"iteration": t, "phase": "questioner", **self.question_metrics(questions), **extra,
+                     **role_metrics("questioner", stats), **timer},
+            samples=self.question_records(step, t, "question", questions))
+
+    def init_questioner(self) -> None:
+        """Q_t <- S_{t-1} with a fresh optimizer under SolverInit; Q_t <- Q_{t-1} (nothing to do) otherwise."""
+        if self.params.questioner_init == "solver" and not self.config.frozen_generator:
+            self.questioner.model.load_state_dict(self.solver_policy.model.state_dict())
+            self.questioner_trainer.optimizer.state.clear()
+
+    def questioner_rewards(self, questions: list[Question]) -> dict[str, float]:
+        """R-Zero's reward: uncertainty minus the BLEU-cluster repetition penalty over the whole batch."""
+        p = self.params
+        penalties = repetition_penalty([q.text or "" for q in questions], p.repetition_threshold, self.bleu_tokens,
+                                       p.repetition_weight)
+        for q, pen in zip(questions, penalties):
+            q.terms = {"uncertainty": uncertainty_reward(q.p) if q.p is not None else 0.0, "repetition": float(pen)}
+            q.reward = rzero_reward(q.p, float(pen), p.reward_form)
+        return {"rzero/repetition_mean": mean([float(x) for x in penalties])}
+
+    # --- solver phase -----------------------------------------------------------------------------
+    def solver_step(self, step: int, t: int, index: int) -> StepOutput:
+        p, timer, seed = self.params, PhaseTimer(), self.config.seed
+        samples: list[dict[str, Any]] = []
+        metrics: dict[str, Any] = {"iteration": t, "phase": "solver"}
+        if self.pool_iteration != t:  # lines 6-7 at the phase boundary: pool from Q_t, labels from S_{t-1}
+            with timer("pool"):
+                candidates = self.build_pool(step, t)
+            metrics.update(self.pool_metrics(candidates))
+            samples += self.question_records(step, t, "pool", candidates)
+        batch = self.solver_batch(t, index)
+        stats: dict[str, float] = {}
+        if batch:
+            prompts = [self.solver_prompt(item.question) for item in batch]
+            with timer("solve"):
+                groups = self.sample_groups(self.solver_policy, prompts, p.solver_group, step_seed(seed, step, "solve"))
+            with timer("reward"):
+                answers = [[self.task.parse_answer(c.text, self.style) for c in group] for group in groups]
+                terms = [[self.solver_terms(c, a, item.label) for c, a in zip(group, group_answers)]
+                         for item, group, group_answers in zip(batch, groups, answers)]
+                rewards = [(1 - p.solver_format_weight) * x["agree"] + p.solver_format_weight * x["format"]
+                           for group_terms in terms for x in group_terms]
+                group_ids = [g for g, group in enumerate(groups) for _ in group]
+                advantages = compute_advantages(p.advantage, rewards, group_ids)
+            with timer("update_solver"):
+                completions = [c for group in groups for c in group]
+                stats = self.solver_trainer.update(train_samples(completions, advantages, "solver"))
+            samples += self.solver_records(step, t, batch, groups, answers, terms, rewards, advantages)
+            metrics.update({"solver/reward_mean": mean(rewards), "reward/agree": mean(
+                [x["agree"] for g in terms for x in g]), "tokens/solver": sum(len(c.token_ids) for c in completions),
+                "solver/none_rate": mean([float(a is None) for g in answers for a in g])})
+        metrics.update({"pool/size": len(self.pool), **role_metrics("solver", stats), **timer})
+        return StepOutput(metrics=metrics, samples=samples)
+
+    def build_pool(self, step: int, t: int) -> list[Question]:
+        """N_pool questions from Q_t labelled by S_{t-1}; the pool keeps those in the band with no filter reason."""
+        p, seed = self.params, self.config.seed
+        outputs = self.sample_groups(self.questioner, [self.question_prompt], p.pool_size,
+                                     step_seed(seed, step, "pool"), self.question_sampling)[0]
+        candidates = [self.read_question(o) for o in outputs]
+        self.label(candidates, p.label_samples, step_seed(seed, step, "pool_labels"), p.pool_p_denominator)
+        self.describe_pool(candidates)
+        self.pool = [PoolItem(q.text, q.label, q.p, f"i{t}-pool{i}") for i, q in enumerate(candidates)
+                     if self.keep(q)]
+        self.pool_iteration = t
+        return candidates
+
+    def keep(self, q: Question) -> bool:
+        """Pool filter: a valid question with a label, p inside the band and no R-Zero filter reason."""
+        return (q.text is not None and q.p is not None and in_band(q.p, *self.params.band)
+                and not pool_filter_reasons(q.text, q.label))
+
+    def describe_pool(self, candidates: list[Question]) -> None:
+        """Annotate pool candidates before filtering (Prism assigns clusters); nothing for R-Zero."""
+
+    def solver_batch(self, t: int, index: int) -> list[PoolItem]:
+        """The ``index``-th slice of the pool in a shuffled order fixed per iteration, cycling through the pool."""
+        if not self.pool:
+            return []
+        order = list(range(len(self.pool)))
+        random.Random(step_seed(self.config.seed, t, "pool_order")).shuffle(order)
+        n = self.params.solver_questions
+        return [self.pool[order[(index * n + i) % len(order)]] for i in range(n)]
+
+    def solver_terms(self, completion: Completion, answer: str | None, label: str) -> dict[str, float]:
+        """Agreement with the majority label, and the code's <think>..</think>..\\boxed{} format."""
+        agree = answers_equivalent(answer, label, use_math_verify=not self.arith)
+        return {"agree": float(agree), "format": float(_THINK_FORMAT.fullmatch(completion.text.strip()) is not None)}
+
+    # --- shared pieces ----------------------------------------------------------------------------
+    def read_question(self, output: Completion) -> Question:
+        """q and the questioner's own answer: the arithmetic world's writer format, else the last <question> block
+        and the last \\boxed{} (both needed: spec §6.6)."""
+        if self.arith:
+            parsed = arith.parse_question(output.text, self.style)
+            return Question(output, parsed.question if parsed else None, parsed.answer if parsed else None)
+        blocks = _QUESTION_BLOCK.findall(output.text)
+        text, answer = (blocks[-1].strip() if blocks else None), extract_boxed(output.text)
+        return Question(output, text if text and answer else None, answer)
+
+    def solver_prompt(self, question: str) -> str:
+        return self.solver_policy.format_prompt(self.task.solver_prompt(question, None, self.style))
+
+    def label(self, questions: list[Question], samples: int, seed: int, denominator: str) -> None:
+        """Majority answer and p(q) (share of samples agreeing with it) of every valid question."""
+        valid = [q for q in questions if q.text is not None]
+        groups = self.sample_groups(self.solver_policy, [self.solver_prompt(q.text) for q in valid], samples, seed)
+        for q, group in zip(valid, groups):
+            q.answers = [self.task.parse_answer(c.text, self.style) for c in group]
+            q.solver_tokens = sum(len(c.token_ids) for c in group)
+            q.vote = majority_vote(q.answers, self.vote_equivalence)
+            q.p = q.vote.p if denominator == "all" else (q.vote.support / q.vote.n_valid if q.vote.n_valid else 0.0)
+
+    # --- records and metrics ----------------------------------------------------------------------
+    def question_records(self, step: int, t: int, phase: str, questions: list[Question]) -> list[dict[str, Any]]:
+        """One generator row per questioner output (phase ``question`` in training, ``pool`` for the pool)."""
+        pooled = {item.question_id for item in self.pool} if phase == "pool" else set()
+        rows = []
+        for i, q in enumerate(questions):
+            qid = f"i{t}-pool{i}" if phase == "pool" else f"s{step}-q{i}"
+            rows.append({
+                "step": step, "iteration": t, "role": "generator", "phase": phase, "prompt": q.output.prompt,
+                "completion": q.output.text, "question": q.text, "question_id": qid, "valid": q.text is not None,
+                "answer": q.own_answer, "label": q.label, "label_source": "majority", "solve_rate": q.p,
+                "cluster": q.cluster, "reward": q.reward if phase == "question" else None, "reward_terms": q.terms,
+                "advantage": q.advantage if phase == "question" else None, "in_pool": qid in pooled,
+                "tokens": len(q.output.token_ids),
+                "oracle": self.task.oracle(q.text, None, q.own_answer, q.label) if q.text else None,
+            })
+        return rows
+
+    def solver_records(self, step: int, t: int, batch: list[PoolItem], groups, answers, terms, rewards,
+                       advantages) -> list[dict[str, Any]]:
+        """One solver row per rollout, labelled with its pool question's majority answer."""
+        rows, k = [], 0
+        for item, group, group_answers, group_terms in zip(batch, groups, answers, terms):
+            for c, a, x in zip(group, group_answers, group_terms):
+                rows.append({
+                    "step": step, "iteration": t, "role": "solver", "phase": "solve", "prompt": c.prompt,
+                    "completion": c.text, "question": item.question, "question_id": item.question_id, "valid": True,
+                    "answer": a, "label": item.label, "label_source": "majority", "solve_rate": item.p,
+                    "reward": rewards[k], "reward_terms": x, "advantage": float(advantages[k]),
+                    "tokens": len(c.token_ids), "oracle": self.task.oracle(item.question, None, a, item.label),
+                })
+                k += 1
+        return rows
+
+    def question_metrics(self, questions: list[Question]) -> dict[str, float]:
+        scored = [q.p for q in questions if q.p is not None]
+        return {
+            "generator/reward_mean": mean([q.reward for q in questions]),
+            "questions/valid_rate": len(scored) / len(questions),
+            "questions/solve_rate_mean": mean(scored),
+            "questions/in_band_rate": sum(in_band(x, *self.params.band) for x in scored) / len(questions),
+            "questions/distinct_rate": len({q.text for q in questions if q.text}) / len(questions),
+            "tokens/generator": sum(len(q.output.token_ids) for q in questions),
+            "tokens/solver": sum(q.solver_tokens for q in questions),
+        }
+
+    def pool_metrics(self, candidates: list[Question]) -> dict[str, float]:
+        scored = [q for q in candidates if q.p is not None]
+        return {
+            "pool/candidates": len(candidates), "pool/valid_rate": len(scored) / len(candidates),
+            "pool/solve_rate_mean": mean([q.p for q in scored]),
+            "pool/kept_rate": len(self.pool) / len(candidates),
+            "pool/distinct_rate": len({q.text for q in scored}) / len(candidates),
+        }
