@@ -1,0 +1,197 @@
+"""The r_zero recipe: schedule, parsing, hand-checked questioner rewards, pool filter, SolverInit, resume, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from coevolve.cli import app
+from coevolve.grading.vote import majority_vote
+from coevolve.loop import run
+from coevolve.recipes import resolve
+from coevolve.recipes.r_zero import Question
+from coevolve.rollout import Completion
+
+TINY = ["eval_sets=[]", "rollout.max_new_tokens=8", "params.questioner_steps=2", "params.solver_steps=2",
+        "params.questioner_prompts=2", "params.questioner_group=2", "params.score_samples=2", "params.pool_size=6",
+        "params.label_samples=4", "params.solver_questions=2", "params.solver_group=2", "params.question_max_tokens=8"]
+
+
+def make(recipe_name, model_dir, *sets):
+    config, params, cls = resolve(recipe_name, sets=[f"model={model_dir}", *TINY, *sets])
+    return cls(config, params), config
+
+
+def completion(text: str = "") -> Completion:
+    return Completion(prompt="W:\n", prompt_ids=[1], token_ids=[5, 6], text=text, logprobs=[-1.0, -1.0])
+
+
+def question(text: str | None, p: float | None) -> Question:
+    q = Question(completion(), text, None)
+    q.p = p
+    return q
+
+
+def stub_questions(recipe, texts):
+    """Every questioner output reads as the next of ``texts`` (the random model never writes a valid question)."""
+    state = {"i": 0}
+
+    def read(output):
+        text = texts[state["i"] % len(texts)]
+        state["i"] += 1
+        return Question(output, text, None)
+
+    recipe.read_question = read
+
+
+def stub_labels(recipe, votes):
+    """The solver's answers for each valid question, in order, instead of sampling it."""
+    queue = list(votes)
+
+    def label(questions, samples, seed, denominator):
+        for q in questions:
+            if q.text is not None:
+                q.answers = queue.pop(0)
+                q.vote = majority_vote(q.answers, None)
+                q.p = q.vote.p
+
+    recipe.label = label
+
+
+def test_schedule_maps_steps_to_iterations_and_phases(random_model_dir):
+    recipe, _ = make("r_zero", random_model_dir, "params.questioner_steps=6", "params.solver_steps=20")
+    assert recipe.schedule(1) == (1, "questioner", 0)
+    assert recipe.schedule(6) == (1, "questioner", 5)
+    assert recipe.schedule(7) == (1, "solver", 0)
+    assert recipe.schedule(26) == (1, "solver", 19)
+    assert recipe.schedule(27) == (2, "questioner", 0)
+    assert recipe.schedule(104) == (4, "solver", 19)
+
+
+def test_chat_questions_need_the_last_question_block_and_a_box(random_model_dir):
+    recipe, _ = make("r_zero", random_model_dir)
+    recipe.arith = False
+    text = "<question>old</question> draft \\boxed{1}\n<question> What is 2+3? </question>\n\n\\boxed{5}"
+    q = recipe.read_question(completion(text))
+    assert q.text == "What is 2+3?" and q.own_answer == "5"
+    assert recipe.read_question(completion("<question>What is 2+3?</question>")).text is None
+    assert recipe.read_question(completion("\\boxed{5}")).text is None
+
+
+def test_questioner_rewards_by_hand(random_model_dir):
+    recipe, _ = make("r_zero", random_model_dir)
+    qs = [question("3+4*5", 0.5), question("3+4*5", 0.5), question("3+4*5", 0.75), question("(12-7)*9", 0.5),
+          question(None, None)]
+    recipe.questioner_rewards(qs)
+    # clusters {0,1,2} (3/5), {3} (1/5), {4: invalid, empty text} (1/5)
+    assert [q.terms["repetition"] for q in qs] == pytest.approx([0.6, 0.6, 0.6, 0.2, 0.2])
+    assert [q.reward for q in qs] == pytest.approx([0.4, 0.4, 0.0, 0.8, 0.0])  # max(0, r_unc - r_rep); bad: 0
+    code, _ = make("r_zero", random_model_dir, "params.reward_form=code")
+    code.questioner_rewards(qs)
+    assert [q.reward for q in qs] == pytest.approx([-0.1, -0.1, -0.35, 0.3, -1.2])
+
+
+def test_questioner_step_trains_the_questioner_only(random_model_dir):
+    recipe, _ = make("r_zero", random_model_dir, "train.lr=1e-2")
+    stub_questions(recipe, ["1+2", "1+2", "3*4", "5-1"])
+    stub_labels(recipe, [["3", "3"], ["3", "3"], ["12", "7"], ["4", "4"]])  # group 2's rewards: 0.75, 0
+    solver_before = [t.clone() for t in recipe.solver_policy.model.parameters()]
+    questioner_before = [t.clone() for t in recipe.questioner.model.parameters()]
+    out = recipe.step(1)
+    assert all(torch.equal(a, b) for a, b in zip(solver_before, recipe.solver_policy.model.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(questioner_before, recipe.questioner.model.parameters()))
+    rows = out.samples
+    assert [r["solve_rate"] for r in rows] == [1.0, 1.0, 0.5, 1.0]
+    assert [r["reward"] for r in rows] == pytest.approx([0.0, 0.0, 0.75, 0.0])
+    assert all(r["role"] == "generator" and r["phase"] == "question" and r["iteration"] == 1 for r in rows)
+    assert rows[0]["oracle"]["answer"] == "3" and rows[0]["label"] == "3"
+    assert out.metrics["phase"] == "questioner" and out.metrics["questions/in_band_rate"] == 0.25
+
+
+def test_pool_band_and_solver_step(random_model_dir):
+    recipe, _ = make("r_zero", random_model_dir, "params.pool_size=4", "params.band=[0.25,0.75]")
+    stub_questions(recipe, ["1+2", "2+2", "3+3", "4+4"])
+    # p = 1.0 (dropped), 0.5 (kept), 0.25 (kept), 0.75 (kept); the 3+3 label is 6
+    stub_labels(recipe, [["3"] * 4, ["4", "4", "5", "6"], ["6", "1", "2", "3"], ["8", "8", "8", None]])
+    out = recipe.step(3)  # first solver step of iteration 1: builds the pool, then trains
+    assert recipe.pool_iteration == 1
+    assert sorted((i.question, i.label, i.p) for i in recipe.pool) == [
+        ("2+2", "4", 0.5), ("3+3", "6", 0.25), ("4+4", "8", 0.75)]
+    pool_rows = [r for r in out.samples if r["phase"] == "pool"]
+    assert [r["in_pool"] for r in pool_rows] == [False, True, True, True]
+    solver_rows = [r for r in out.samples if r["role"] == "solver"]
+    assert len(solver_rows) == 2 * 2 and {r["label_source"] for r in solver_rows} == {"majority"}
+    by_question = {i.question: i.label for i in recipe.pool}
+    assert all(r["label"] == by_question[r["question"]] for r in solver_rows)
+    assert out.metrics["pool/kept_rate"] == 0.75 and out.metrics["pool/size"] == 3
+    assert "solver/loss" in out.metrics
+    rebuilt = recipe.pool
+    recipe.step(4)  # the pool is built once per iteration
+    assert recipe.pool is rebuilt
+
+
+def test_solver_init_copies_weights_and_resets_the_optimizer(random_model_dir):
+    recipe, _ = make("r_zero", random_model_dir, "params.questioner_init=solver", "train.lr=1e-2")
+    stub_questions(recipe, ["1+2"])
+    stub_labels(recipe, [["3", "4"]] * 100)
+    recipe.step(1)  # trains the questioner: weights differ from the solver, optimizer has state
+    assert recipe.questioner_trainer.optimizer.state
+    with torch.no_grad():
+        next(recipe.solver_policy.model.parameters()).add_(1.0)
+    recipe.init_questioner()
+    assert not recipe.questioner_trainer.optimizer.state
+    assert all(torch.equal(a, b) for a, b in zip(recipe.questioner.model.parameters(),
+                                                  recipe.solver_policy.model.parameters()))
+    previous, _ = make("r_zero", random_model_dir)
+    before = [t.clone() for t in previous.questioner.model.parameters()]
+    with torch.no_grad():
+        next(previous.solver_policy.model.parameters()).add_(1.0)
+    previous.init_questioner()  # Q_t <- Q_{t-1}: nothing changes
+    assert all(torch.equal(a, b) for a, b in zip(before, previous.questioner.model.parameters()))
+
+
+def test_resume_reproduces_a_straight_run(tmp_path, random_model_dir):
+    def recipe_for(steps):
+        recipe, config = make("r_zero", random_model_dir, f"steps={steps}", "train.lr=1e-2")
+        stub_questions(recipe, ["1+2", "2+2", "3+3"])
+        return recipe, config
+
+    straight, config = recipe_for(6)  # 2 questioner + 2 solver steps, then iteration 2
+    run(straight, config, tmp_path / "straight", progress=False)
+    first, config = recipe_for(4)
+    run(first, config, tmp_path / "resumed", progress=False)
+    second, config = recipe_for(6)
+    run(second, config, tmp_path / "resumed", resume=True, progress=False)
+    assert [vars(i) for i in second.pool] == [vars(i) for i in straight.pool]
+    for step in (5, 6):
+        a, b = (json.loads((root / "samples" / f"step_{step:06d}.jsonl").read_text().splitlines()[0])
+                for root in (tmp_path / "straight", tmp_path / "resumed"))
+        assert a["completion"] == b["completion"] and a["reward"] == pytest.approx(b["reward"])
+
+
+def test_presets_resolve():
+    for preset in ("small", "paper", "reference_code"):
+        config, params, _ = resolve("r_zero", preset=preset)
+        assert config.steps == 4 * (params.questioner_steps + params.solver_steps)
+    _, code, _ = resolve("r_zero", preset="reference_code")
+    assert code.band == [0.3, 0.8] and code.reward_form == "code" and code.solver_steps == 50
+    _, paper, _ = resolve("r_zero", preset="paper")
+    assert paper.band == [0.25, 0.75] and paper.advantage == "dr_grpo" and paper.score_samples == 10
+
+
+def test_cli_run_and_resume(tmp_path, random_model_dir):
+    out = tmp_path / "run"
+    sets = [x for s in [f"model={random_model_dir}", "steps=3", *TINY] for x in ("--set", s)]
+    result = CliRunner().invoke(app, ["run", "r_zero", *sets, "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in rows] == ["questioner", "questioner", "solver"]
+    assert rows[2]["pool/candidates"] == 6 and "time/pool_s" in rows[2]
+    result = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "steps=4", "--quiet"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[3]["iteration"] == 1
+    assert (out / "samples" / "step_000004.jsonl").exists()
