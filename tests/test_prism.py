@@ -1,0 +1,132 @@
+"""The prism recipe: coverage reward by hand, persistent counts, SolverInit, pool clusters, resume, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from coevolve.cli import app
+from coevolve.embeddings import ClusterSpace
+from coevolve.loop import run
+from coevolve.recipes import resolve
+from test_r_zero import TINY, question, stub_labels, stub_questions
+
+E = math.exp(-1.0)
+
+
+@pytest.fixture(scope="module")
+def space_dir(tmp_path_factory):
+    """Four hand-made clusters: the unit vectors of a 4-d space."""
+    folder = tmp_path_factory.mktemp("space")
+    ClusterSpace(np.eye(4, dtype=np.float32), seed=0, encoder="hand", corpus_sha256="x", n_corpus=4).save(folder)
+    return folder
+
+
+def fake_embed(texts):
+    """Cluster = first digit mod 4 (one-hot)."""
+    return np.eye(4, dtype=np.float32)[[int(t[0]) % 4 for t in texts]]
+
+
+def make(model_dir, space_dir, *sets):
+    config, params, cls = resolve("prism", sets=[f"model={model_dir}", *TINY, f"params.cluster_space={space_dir}",
+                                                 *sets])
+    recipe = cls(config, params)
+    recipe.embed_texts = fake_embed
+    return recipe, config
+
+
+def test_rewards_and_counts_by_hand(random_model_dir, space_dir):
+    recipe, _ = make(random_model_dir, space_dir, "params.gamma=0.5")
+    qs = [question("0+1", 0.75), question("0+2", 0.5), question("1+1", 1.0), question("2+2", 0.25),
+          question(None, None)]
+    recipe.questioner_rewards(qs)
+    # first batch: every n_k = 1, so d = e^-1; p = 1.0 is assigned (p >= 0.5) but gated to 0; p = 0.25 unassigned
+    assert [q.cluster for q in qs] == [0, 0, 1, None, None]
+    assert [q.reward for q in qs] == pytest.approx([1.0 * (1 + 5 * E), 0.375 * (1 + 5 * E), 0.0, 0.0, -1.0])
+    assert recipe.coverage.counts.tolist() == pytest.approx([1.5, 1.0, 0.5, 0.5])  # 0.5 n + 0.5 m
+    again = [question("0+3", 0.75), question("3+1", 0.75)]
+    recipe.questioner_rewards(again)  # n_bar = 0.875: d_0 = exp(-1.5/0.875), d_3 = exp(-0.5/0.875)
+    assert [q.terms["rarity"] for q in again] == pytest.approx([math.exp(-1.5 / 0.875), math.exp(-0.5 / 0.875)])
+    assert again[0].reward < again[1].reward
+
+
+def test_ablation_switches(random_model_dir, space_dir):
+    flat, _ = make(random_model_dir, space_dir, "params.zpd_gate=false", "params.lam=0")
+    qs = [question("0+1", 0.5), question("1+1", 0.95)]
+    flat.questioner_rewards(qs)
+    assert [q.reward for q in qs] == pytest.approx([1.0, 0.0])  # band indicator, no rarity bonus
+    band_only, _ = make(random_model_dir, space_dir, "params.count_scope=in_band")
+    band_only.questioner_rewards([question("0+1", 1.0), question("1+1", 0.6)])
+    assert band_only.coverage.counts.tolist() == pytest.approx([0.99, 1.0, 0.99, 0.99])
+    _, params, _ = resolve("prism", preset="small")
+    assert params.gamma == 0.95 and params.questioner_init == "solver" and params.band == [0.5, 0.9]
+    _, paper, _ = resolve("prism", preset="paper")
+    assert paper.k == 128 and paper.lam == 5.0 and paper.gamma == 0.99 and paper.reference_corpus == "math_minus_math500"
+
+
+def test_solver_init_at_each_iteration_and_counts_carry_over(random_model_dir, space_dir):
+    recipe, _ = make(random_model_dir, space_dir, "train.lr=1e-2", "params.pool_size=4")
+    stub_questions(recipe, ["0+1", "0+2", "1+1", "0+3"])  # per step: 3 questions in cluster 0, 1 in cluster 1
+    stub_labels(recipe, [["1", "1", "1", "2"]] * 100)  # p = 0.75 everywhere (questioner scoring and pool)
+    for step in range(1, 5):  # iteration 1: 2 questioner steps, then the pool and 2 solver steps
+        recipe.step(step)
+    n0, n1 = 0.99 * (0.99 + 0.03) + 0.03, 1.0
+    assert recipe.coverage.counts.tolist() == pytest.approx([n0, n1, 0.99 ** 2, 0.99 ** 2])
+    assert recipe.questioner_trainer.optimizer.state
+    solver_weights = [t.clone() for t in recipe.solver_policy.model.parameters()]
+    assert not all(torch.equal(a, b) for a, b in zip(recipe.questioner.model.parameters(), solver_weights))
+    recipe.questioner_trainer.update = lambda samples: {}  # keep step 5's questioner at its initial weights
+    recipe.step(5)  # iteration 2, questioner step 0: Q_2 <- S_1, counts carried over (not reset to alpha)
+    assert all(torch.equal(a, b) for a, b in zip(recipe.questioner.model.parameters(), solver_weights))
+    assert not recipe.questioner_trainer.optimizer.state
+    assert recipe.coverage.counts[0] == pytest.approx(0.99 * n0 + 0.03) and recipe.coverage.updates == 3
+
+
+def test_pool_rows_carry_clusters(random_model_dir, space_dir):
+    recipe, _ = make(random_model_dir, space_dir, "params.pool_size=4")
+    stub_questions(recipe, ["0+1", "1+2", "2+3", "3+1"])
+    stub_labels(recipe, [["1", "1"], ["1", "2"], ["1", "1"], ["1", "2"]])
+    out = recipe.step(3)
+    rows = [r for r in out.samples if r["phase"] == "pool"]
+    assert [r["cluster"] for r in rows] == [0, 1, 2, 3] and [r["in_pool"] for r in rows] == [False, True, False, True]
+    assert out.metrics["coverage/generated_active"] == 4 and out.metrics["coverage/pool_active"] == 2
+    assert recipe.coverage.updates == 0  # the pool never touches the counts
+
+
+def test_resume_restores_counts(tmp_path, random_model_dir, space_dir):
+    def recipe_for(steps):
+        recipe, config = make(random_model_dir, space_dir, f"steps={steps}", "train.lr=1e-2")
+        stub_questions(recipe, ["0+1", "1+2", "2+3"])
+        return recipe, config
+
+    straight, config = recipe_for(6)
+    run(straight, config, tmp_path / "straight", progress=False)
+    first, config = recipe_for(5)
+    run(first, config, tmp_path / "resumed", progress=False)
+    second, config = recipe_for(6)
+    run(second, config, tmp_path / "resumed", resume=True, progress=False)
+    assert second.coverage.counts.tolist() == straight.coverage.counts.tolist()
+    assert second.coverage.updates == straight.coverage.updates
+    a, b = ([json.loads(line) for line in (root / "samples" / "step_000006.jsonl").read_text().splitlines()]
+            for root in (tmp_path / "straight", tmp_path / "resumed"))
+    assert [(r["completion"], r["reward"]) for r in a] == [(r["completion"], r["reward"]) for r in b]
+
+
+def test_cli_run_and_resume(tmp_path, random_model_dir, space_dir):
+    out = tmp_path / "run"
+    sets = [x for s in [f"model={random_model_dir}", "steps=2", *TINY, f"params.cluster_space={space_dir}"]
+            for x in ("--set", s)]
+    result = CliRunner().invoke(app, ["run", "prism", *sets, "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "steps=3", "--quiet"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["phase"]) for r in rows] == [(1, "questioner"), (2, "questioner"), (3, "solver")]
+    assert rows[0]["generator/reward_mean"] == -1.0  # the random model never writes a valid question
+    state = json.loads(next((out / "checkpoints").glob("step_000003")).joinpath("state.json").read_text())
+    assert state["recipe"]["loop_recipe"]["coverage"]["counts"] == [1.0] * 4
