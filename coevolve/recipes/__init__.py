@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from coevolve.config import ConfigError, RunConfig, deep_merge, load_yaml, parse_set, validate
-from coevolve.recipes import dynamic_rl, grpo, opensir, pasodoble, prism, r_zero  # noqa: F401  (importing registers each recipe)
+from coevolve.recipes import dynamic_rl, grpo, infuser, opensir, pasodoble, prism, r_zero  # noqa: F401  (importing registers each recipe)
 from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
 
 __all__ = ["RECIPES", "Recipe", "resolve", "resolve_saved"]

@@ -1,0 +1,379 @@
+r"""INFUSER: a document-grounded generator rewarded by its questions' influence on the solver's dev-set progress.
+
+Paper: ``shared/seeds/infuser.txt`` (Algorithm 1); spec: ``shared/spec/infuser.md`` §3. Generator π_φ and solver π_θ
+start from the same weights, each with its own AdamW. One step is one iteration t:
+
+Phase 1  dev reference: n solver rollouts on every dev question (q̃, ã*), r̃ = 1[ã ≡ ã*], Â = r̃ - mean (Dr.GRPO);
+         zero-variance dev groups dropped; ĝ_dev = ∇_θ of the clipped objective (2.10) on the rest (no step).
+Phase 2  generation: B documents (walked without replacement, reshuffled each epoch); n generator outputs each,
+         parsed into (q, a_φ) or marked invalid.
+Phase 3  solving: n solver rollouts per valid question, r = 1[a ≡ a_φ], Â = r - mean; zero-variance questions score 0
+         and are left out of Phases 4 and 6.
+Phase 4  influence: ŝ(q, a_φ) = cos(ĝ_dev, Γ̂), Γ̂ the question's gradient preconditioned by the solver's live AdamW
+         second moment (:mod:`coevolve.rl.influence`, streamed one question at a time); invalid outputs get ρ_inv.
+Phase 5  generator update: DuGRPO over each document's n outputs (2.14), zero-variance documents dropped, M documents
+         per optimizer step, clipped objective with token-level TIS.
+Phase 6  solver update: Dr.GRPO advantages of Phase 3 on the retained questions, M questions per optimizer step.
+
+The generator is updated before the solver on the same rollouts; every influence score uses the solver of the start
+of the iteration. ``frozen_generator: true`` is Fix-gen (Phases 1, 4 and 5 skipped, spec §3).
+
+Tasks. ``arith`` (tiny-arith): documents are fact sheets, the generator's prompt is ``D:<sheet>\nW:\n`` and its
+output ``Q:<expr>\nS:<trace>\nA:<a_φ>``; valid when the expression parses over the sheet and a_φ is an integer. The
+question names the sheet's variables, so the solver reads the sheet with it. The dev set is the grounded level-4
+held-out slice (:func:`coevolve.documents.dev_set`), which the plain ``arith_l*`` evaluation sets do not contain.
+``math`` (chat models): documents are OpenStax chunks (or ``document_source``), the generator writes the free-form
+variant's JSON (§5.2: ``question_text``, ``ground_truth``; the long hardening fields are dropped at this scale, spec
+§13 item 14), the dev set is MATH test outside MATH-500 (``dev_source: gsm8k`` for GSM8K test). The dev set is never
+trained on and never in the generator's prompt.
+
+Paper vs released code (spec §13), ``paper`` / ``reference_code`` (defaults follow the paper):
+
+=====  ==========================  ======================================  ====================================
+item   what                        paper                                   released code
+=====  ==========================  ======================================  ====================================
+1      loss aggregation (2.10)     (1/n) sum_i (1/C) sum_t (``token_sum``)  token mean over the minibatch
+8      dev gradient weighting      per-question average (same loss)        token mean over all dev tokens
+=====  ==========================  ======================================  ====================================
+
+Both follow the code where the paper is silent: eps of Γ̂ outside the root (§13 item 2; the typeset D.4 has it inside,
+the paper's App. D.3 text outside), t = solver steps + 1 with v = 0 before the first step (item 3), zero-variance
+questions score 0 (item 4), σ_d unbiased and σ_B over non-zero groups (item 5), the paper's ``batch_std`` (item 6).
+Item 8 needs no switch: the dev gradient uses the run's loss aggregation, so it is the per-question average under the
+paper's 1/C and the token mean under ``token_mean``. TIS (ρ_max = 2) is on, though one engine samples and trains
+here (weights about 1). MCQ generation (the paper's default, §5.1) is not here: the task registry has no MCQ task yet;
+``dev_set("mcq", ...)`` exists for it.
+
+Ablations (Table 10): ``influence: sgd_cosine`` (Γ̂ = ĝ), ``generator_advantage: grpo | batch_norm`` (group_std /
+batch_std), ``frozen_generator: true`` (Fix-gen).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from coevolve.documents import DocumentPool, dev_set, load_documents, tokenizer_counter
+from coevolve.grading.extract import braces_balanced
+from coevolve.models import Policy
+from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput, mean, register, role_metrics,
+                                   step_seed, train_samples)
+from coevolve.rl.advantages import compute_advantages, dr_grpo_advantages, nonzero_variance_mask
+from coevolve.rl.influence import dev_gradient, influence_scores
+from coevolve.rl.trainer import TrainSample
+from coevolve.rollout import Completion
+from coevolve.tasks import arith
+from coevolve.tasks.registry import Problem, get_task
+
+# Generator, free-form math variant (spec §5.1-5.2, the JSON core kept).
+GENERATOR_PROMPT = """You are an expert educator who writes challenging exam questions and always outputs valid JSON.
+
+Your task is to write ONE challenging question based on the document below.
+
+[BEGINNING OF THE DOCUMENT]
+{text}
+[END OF THE DOCUMENT]
+
+The question must be fully self-contained (no "according to the document"; define every term it uses) and have one \
+machine-verifiable answer. Combine several ideas from the document; avoid single facts and definitions.
+Output exactly one JSON object, placed last in your response, with the keys "question_text" (the question) and \
+"ground_truth" (a single concise mathematical answer: no units, no prose, no \\boxed{{}}). If the document is not \
+complex enough, return empty strings for both keys."""
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_FENCE = re.compile(r"```(?:json)?")
+# A backslash that JSON would misread: LaTeX commands (\frac is not a form feed) and invalid escapes; escaped
+# backslashes are matched first so they stay as they are.
+_LATEX_ESCAPE = re.compile(r'\\\\|\\(?!["/]|u[0-9a-fA-F]{4}|[bfnrt](?![a-zA-Z]))')
+_INTEGER = re.compile(r"-?\d+")
+
+_PAPER_SCALE = {
+    "model": "smollm2-135m", "task": "math", "steps": 100, "eval_every": 5,
+    "rollout": {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8192},
+    "train": {"lr": 2e-6, "weight_decay": 0.01, "grad_clip": 1.0, "clip_low": 0.2, "clip_high": 0.2, "tis_cap": 2.0,
+              "kl_beta": 0.0, "epochs": 1, "micro_batch_size": 4, "loss_agg": "token_sum_norm"},
+    "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 8192,
+    "params": {"documents_per_step": 128, "group_size": 8, "dev_size": 800, "minibatch_prompts": 32,
+               "generator_lr": 4e-6, "generator_max_tokens": 8192, "document_source": "openstax"},
+}
+
+
+def parse_generator_json(text: str) -> tuple[str, str] | None:
+    """(question_text, ground_truth) of the last JSON object in ``text`` that has both, non-empty (spec §6.1)."""
+    text = _FENCE.sub("", _THINK.sub("", text))
+    found = None
+    depth, start = 0, -1
+    for i, ch in enumerate(text):
+        if ch == "{":
+            depth, start = depth + 1, i if depth == 0 else start
+        elif ch == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                span = text[start:i + 1]
+                for candidate in (_LATEX_ESCAPE.sub(lambda m: "\\\\", span), span):
+                    try:
+                        obj = json.loads(candidate)
+                    except json.JSONDecodeError:
+                        continue
+                    if isinstance(obj, dict):
+                        question, truth = obj.get("question_text"), obj.get("ground_truth")
+                        if isinstance(question, str) and isinstance(truth, (str, int, float)) and question.strip() \
+                                and str(truth).strip():
+                            found = (question.strip(), str(truth).strip())
+                    break
+    return found
+
+
+class InfuserParams(RecipeParams):
+    """Algorithm 1's inputs (B, n, M, dev set, ρ_inv, learning rates) and the ablation switches."""
+
+    documents_per_step: int = Field(128, gt=0, description="B, documents per iteration")
+    group_size: int = Field(8, gt=1, description="n, generator outputs per document and solver answers per question")
+    minibatch_prompts: int = Field(32, gt=0, description="M, documents (generator) or questions (solver) per step")
+    dev_size: int = Field(800, gt=0, description="|𝒟_dev|, all used every iteration")
+    dev_source: str | None = Field(None, description="math: 'math' (default) or 'gsm8k'; mcq: 'supergpqa'")
+    dev_level: int = Field(4, ge=1, le=6, description="arith: level of the held-out dev slice")
+    document_source: str | None = Field(None, description="arith | openstax | proofwiki | a path; default by task")
+    document_min_tokens: int = Field(200, gt=0, description="T_min of a chunk")
+    document_max_tokens: int = Field(2048, gt=0, description="T_max of a chunk")
+    document_pool_size: int | None = Field(None, gt=0, description="keep a seeded subset of this many chunks")
+    generator_lr: float = Field(4e-6, ge=0, description="η_gen (the solver's is train.lr)")
+    generator_max_tokens: int = Field(64, gt=0, description="generator response budget (paper: 8192)")
+    rho_inv: float = Field(0.0, description="reward of an invalid generation")
+    influence: Literal["preconditioned_cosine", "sgd_cosine"] = "preconditioned_cosine"
+    generator_advantage: Literal["dugrpo", "grpo", "batch_norm"] = "dugrpo"
+
+
+@dataclass
+class Generated:
+    """One generator output x_d^k for document d and what the iteration computed for it."""
+
+    doc: str
+    group: int
+    output: Completion
+    question: str | None = None
+    key: str | None = None  # a_φ
+    solutions: list[Completion] = field(default_factory=list)
+    answers: list[str | None] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)  # solver rewards r_i
+    solver_advantages: list[float] = field(default_factory=list)
+    influence: float | None = None  # ŝ (None: not scored)
+    grad_norm: float | None = None
+    reward: float = 0.0  # the generator's reward
+    advantage: float = 0.0
+    in_update: bool = False  # its document group entered the generator update
+
+    @property
+    def valid(self) -> bool:
+        return self.question is not None
+
+    @property
+    def informative(self) -> bool:
+        """Valid with a non-zero-variance solver group: it enters Phases 4 and 6."""
+        return self.valid and len(set(self.rewards)) > 1
+
+
+@register
+class Infuser(Recipe):
+    name = "infuser"
+    summary = ("document-grounded generator writes questions with its own answers, rewarded by the cosine between "
+               "the AdamW-preconditioned solver update they cause and a dev-set gradient; DuGRPO / Dr.GRPO")
+    Params = InfuserParams
+    defaults = {
+        "steps": 100, "eval_every": 20,
+        "rollout": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64},
+        "train": {"lr": 2e-6, "weight_decay": 0.01, "grad_clip": 1.0, "tis_cap": 2.0, "kl_beta": 0.0,
+                  "loss_agg": "token_sum_norm"},
+    }
+    presets = {
+        "small": {  # tiny-arith, fact sheets, dev = grounded level-4 held-out slice; 6-8 s a step on a shared core
+            "model": "tiny-arith", "task": "arith", "steps": 80, "eval_every": 40,
+            "rollout": {"temperature": 1.0, "max_new_tokens": 64},
+            "train": {"lr": 3e-5, "micro_batch_size": 16},
+            "params": {"documents_per_step": 8, "group_size": 4, "dev_size": 32, "minibatch_prompts": 8,
+                       "generator_lr": 3e-5, "generator_max_tokens": 64, "document_source": "arith"},
+        },
+        "paper": _PAPER_SCALE,
+        "reference_code": {**_PAPER_SCALE, "train": {**_PAPER_SCALE["train"], "loss_agg": "token_mean"}},
+    }
+
+    def __init__(self, config, params: InfuserParams):
+        super().__init__(config, params)
+        self.task = get_task(config.task, data_dir=config.data_dir)
+        self.solver_policy = self.load_policy()
+        self.generator = Policy(self.solver_policy.name, copy.deepcopy(self.solver_policy.model),
+                                self.solver_policy.tokenizer, self.solver_policy.prompt_style)
+        n, m = params.group_size, params.minibatch_prompts
+        self.solver_trainer = self.make_trainer(self.solver_policy, mini_batch_size=m * n)
+        self.generator_trainer = self.make_trainer(self.generator, mini_batch_size=m * n, lr=params.generator_lr)
+        self.style = self.solver_policy.prompt_style
+        self.arith = self.task.name == "arith"
+        source = params.document_source or ("arith" if self.arith else "openstax")
+        self.documents: DocumentPool = load_documents(
+            source, min_tokens=params.document_min_tokens, max_tokens=params.document_max_tokens,
+            count=tokenizer_counter(self.generator.tokenizer), data_dir=config.data_dir,
+            limit=params.document_pool_size, seed=config.seed)
+        self.dev: list[Problem] = dev_set(config.task, params.dev_size, source=params.dev_source, seed=config.seed,
+                                          data_dir=config.data_dir, level=params.dev_level)
+        self.generator_sampling = replace(self.sampling, max_new_tokens=params.generator_max_tokens)
+
+    def trainers(self):
+        return {"generator": self.generator_trainer, "solver": self.solver_trainer}
+
+    def solver(self):
+        return self.solver_policy
+
+    # --- Algorithm 1 --------------------------------------------------------------------------------------------
+    def step(self, step: int) -> StepOutput:
+        p, timer, seed = self.params, PhaseTimer(), self.config.seed
+        learning = not self.config.frozen_generator
+        dev_stats: dict[str, float] = {}
+        reference = None
+        if learning:
+            with timer("dev"):  # Phase 1
+                reference, dev_stats = self.dev_reference(step_seed(seed, step, "dev"))
+        docs = self.documents.take(seed, (step - 1) * p.documents_per_step, p.documents_per_step)
+        with timer("generate"):  # Phase 2
+            groups = self.sample_groups(self.generator, [self.generator_prompt(d) for d in docs], p.group_size,
+                                        step_seed(seed, step, "generate"), self.generator_sampling)
+            generated = [Generated(d, g, c) for g, (d, group) in enumerate(zip(docs, groups)) for c in group]
+            for x in generated:
+                x.question, x.key = self.read_generation(x.output.text, x.doc)
+        with timer("solve"):  # Phase 3
+            self.solve([x for x in generated if x.valid], step_seed(seed, step, "solve"))
+        retained = [x for x in generated if x.informative]
+        if reference is not None and retained:
+            with timer("influence"):  # Phase 4
+                scores = influence_scores(self.solver_trainer, [self.solver_samples([x]) for x in retained],
+                                          reference, precondition=p.influence == "preconditioned_cosine")
+            for x, s in zip(retained, scores):
+                x.influence, x.grad_norm = s.score, s.grad_norm
+        for x in generated:  # Phase 4, line 12: invalid outputs get ρ_inv; unscored valid ones 0
+            x.reward = (x.influence or 0.0) if x.valid else p.rho_inv
+        stats: dict[str, float] = {}
+        if learning:
+            with timer("update_generator"):  # Phase 5
+                stats.update(self.update_generator(generated))
+        with timer("update_solver"):  # Phase 6
+            stats.update(role_metrics("solver", self.solver_trainer.update(self.solver_samples(retained))))
+        return StepOutput({**self.step_metrics(generated), **dev_stats, **stats, **timer},
+                          self.records(step, generated))
+
+    # --- the pieces ---------------------------------------------------------------------------------------------
+    def dev_reference(self, seed: int):
+        """Phase 1: ĝ_dev from n solver rollouts per dev question (None when every dev group has zero variance)."""
+        prompts = [self.solver_prompt(d.question, d.doc) for d in self.dev]
+        groups = self.sample_groups(self.solver_policy, prompts, self.params.group_size, seed)
+        samples, rewards = [], []
+        for problem, group in zip(self.dev, groups):
+            r = [float(self.task.is_correct(self.task.parse_answer(c.text, self.style), problem.answer)) for c in group]
+            rewards += r
+            if len(set(r)) > 1:
+                samples += train_samples(group, dr_grpo_advantages(r, [0] * len(r)), "solver")
+        kept = len(samples) // self.params.group_size
+        stats = {"dev/reward_mean": mean(rewards), "dev/groups_kept": float(kept)}
+        if not samples:
+            return None, stats
+        reference = dev_gradient(self.solver_trainer, samples)
+        stats["dev/grad_norm"] = float(sum(float(g.double().square().sum()) for g in reference)) ** 0.5
+        return reference, stats
+
+    def generator_prompt(self, doc: str) -> str:
+        if self.arith:
+            return self.generator.format_prompt(arith.question_prompt(self.style, doc=doc))
+        return self.generator.format_prompt(GENERATOR_PROMPT.format(text=doc))
+
+    def read_generation(self, text: str, doc: str) -> tuple[str | None, str | None]:
+        """(q, a_φ) of a valid generation (§6.1), (None, None) for an invalid one."""
+        if self.arith:
+            parsed = arith.parse_question(text, self.style, doc)
+            if parsed is None or parsed.answer is None or not _INTEGER.fullmatch(parsed.answer.strip()):
+                return None, None
+            return parsed.question, parsed.answer.strip()
+        found = parse_generator_json(text)
+        if found is None or not braces_balanced(found[1]):
+            return None, None
+        return found
+
+    def solver_prompt(self, question: str, doc: str | None) -> str:
+        return self.solver_policy.format_prompt(self.task.solver_prompt(question, doc, self.style))
+
+    def solve(self, questions: list[Generated], seed: int) -> None:
+        """Phase 3: n solver answers per question, r = 1[a ≡ a_φ], Dr.GRPO advantages."""
+        if not questions:
+            return
+        prompts = [self.solver_prompt(x.question, x.doc if self.arith else None) for x in questions]
+        for x, group in zip(questions, self.sample_groups(self.solver_policy, prompts, self.params.group_size, seed)):
+            x.solutions = group
+            x.answers = [self.task.parse_answer(c.text, self.style) for c in group]
+            x.rewards = [float(a is not None and self.task.is_correct(a, x.key)) for a in x.answers]
+            x.solver_advantages = [float(a) for a in dr_grpo_advantages(x.rewards, [0] * len(group))]
+
+    def solver_samples(self, questions: list[Generated]) -> list[TrainSample]:
+        return train_samples([c for x in questions for c in x.solutions],
+                             [a for x in questions for a in x.solver_advantages], "solver")
+
+    def update_generator(self, generated: list[Generated]) -> dict[str, float]:
+        """Phase 5: DuGRPO (or an ablation's normaliser) per document, zero-variance documents dropped."""
+        rewards = [x.reward for x in generated]
+        groups = [x.group for x in generated]
+        advantages = compute_advantages(self.params.generator_advantage, rewards, groups)
+        keep = nonzero_variance_mask(rewards, groups)
+        for x, a, k in zip(generated, advantages, keep):
+            x.advantage, x.in_update = float(a), bool(k)
+        chosen = [x for x in generated if x.in_update]
+        stats = role_metrics("generator", self.generator_trainer.update(
+            train_samples([x.output for x in chosen], [x.advantage for x in chosen], "generator")))
+        stds = [float(np.std([x.reward for x in generated if x.group == g], ddof=1))
+                for g in sorted({x.group for x in chosen})]
+        stats.update({"generator/documents_kept": float(len(stds)), "generator/sigma_B": mean(stds)})
+        return stats
+
+    # --- logging ------------------------------------------------------------------------------------------------
+    def step_metrics(self, generated: list[Generated]) -> dict[str, Any]:
+        valid = [x for x in generated if x.valid]
+        retained = [x for x in generated if x.informative]
+        scored = [x.influence for x in retained if x.influence is not None]
+        audited = [self.task.oracle(x.question, x.doc if self.arith else None, x.key, x.key) for x in retained]
+        audited = [o["label_correct"] for o in audited if o and o.get("label_correct") is not None]
+        return {
+            "generator/reward_mean": mean([x.reward for x in generated]),
+            "solver/reward_mean": mean([r for x in valid for r in x.rewards]),
+            "influence/mean": mean(scored),
+            "influence/std": float(np.std(scored)) if scored else float("nan"),
+            "influence/positive_rate": mean([float(s > 0) for s in scored]),
+            "questions/valid_rate": len(valid) / len(generated),
+            "questions/zero_variance_rate": mean([float(not x.informative) for x in valid]),
+            "questions/retained": float(len(retained)),
+            "questions/retained_label_correct": mean([float(c) for c in audited]),
+            "tokens/generator": sum(len(x.output.token_ids) for x in generated),
+            "tokens/solver": sum(len(c.token_ids) for x in generated for c in x.solutions),
+        }
+
+    def records(self, step: int, generated: list[Generated]) -> list[dict[str, Any]]:
+        """One generator row per output; one solver row per answer (``trained``: its question entered Phase 6)."""
+        rows = []
+        for i, x in enumerate(generated):
+            qid, doc = f"s{step}-q{i}", x.doc if self.arith else None
+            rows.append({
+                "step": step, "iteration": None, "role": "generator", "phase": "generate", "prompt": x.output.prompt,
+                "completion": x.output.text, "question": x.question, "question_id": qid, "valid": x.valid,
+                "document": x.doc, "answer": x.key, "label": x.key, "label_source": "generator",
+                "solve_rate": mean(x.rewards) if x.rewards else None, "reward": x.reward,
+                "reward_terms": {"influence": x.influence, "grad_norm": x.grad_norm, "invalid": not x.valid},
+                "advantage": x.advantage, "in_update": x.in_update, "tokens": len(x.output.token_ids),
+                "oracle": self.task.oracle(x.question, doc, x.key, x.key),
+            })
+            rows += [{
+                "step": step, "iteration": None, "role": "solver", "phase": "solve", "prompt": c.prompt,
+                "completion": c.text, "question": x.question, "question_id": qid, "valid": True, "answer": a,
+                "label": x.key, "label_source": "generator", "solve_rate": mean(x.rewards), "reward": r,
+                "reward_terms": {"agree": r}, "advantage": adv, "trained": x.informative, "tokens": len(c.token_ids),
+                "oracle": self.task.oracle(x.question, doc, a, x.key),
+            } for c, a, r, adv in zip(x.solutions, x.answers, x.rewards, x.solver_advantages)]
+        return rows
