@@ -168,14 +168,17 @@ def _fit(text: str, max_tokens: int, count: TokenCounter, level: int = 0) -> lis
 
 
 def _pack(pieces: Sequence[str], max_tokens: int, count: TokenCounter, sep: str) -> list[str]:
-    """Greedily join consecutive pieces while the result stays within ``max_tokens``."""
-    chunks, current = [], ""
+    """Greedily join consecutive pieces while their summed token counts stay within ``max_tokens``.
+
+    Each piece is counted once (a joined chunk's count is taken as the sum of its pieces'), so packing is linear.
+    """
+    chunks, current, used = [], "", 0
     for piece in pieces:
-        candidate = f"{current}{sep}{piece}" if current else piece
-        if current and count(candidate) > max_tokens:
+        size = count(piece)
+        if current and used + size > max_tokens:
             chunks.append(current)
-            candidate = piece
-        current = candidate
+            current, used = "", 0
+        current, used = (f"{current}{sep}{piece}" if current else piece), used + size
     return chunks + ([current] if current else [])
 
 

@@ -121,18 +121,22 @@ def influence_of_gradient(params: Sequence[torch.nn.Parameter], dev: Sequence[to
         if preconditioners is not None:
             v, t, beta2, eps = preconditioners[i]
             v_flat = v.reshape(-1) if v is not None else None
+            correction = 1.0 - beta2 ** t
         for start in range(0, g_flat.numel(), CHUNK):
-            g = g_flat[start:start + CHUNK]
-            grad_sq += float(g.square().sum())
+            g, d = g_flat[start:start + CHUNK], d_flat[start:start + CHUNK]
+            grad_sq += float(torch.dot(g, g))
             if preconditioners is None:
                 direction = g
-            else:
-                second = g.square().mul_(1.0 - beta2)
-                if v_flat is not None:
-                    second.add_(v_flat[start:start + CHUNK], alpha=beta2)
-                direction = g / second.div_(1.0 - beta2 ** t).sqrt_().add_(eps)
-            dot += float((direction * d_flat[start:start + CHUNK]).sum())
-            direction_sq += float(direction.square().sum())
+            else:  # one chunk-sized buffer: (β2 v + (1 - β2) g²) / (1 - β2^t), then sqrt + eps, then g / it
+                if v_flat is None:
+                    direction = torch.mul(g, g).mul_((1.0 - beta2) / correction)
+                else:
+                    direction = torch.mul(v_flat[start:start + CHUNK], beta2 / correction)
+                    direction.addcmul_(g, g, value=(1.0 - beta2) / correction)
+                direction.sqrt_().add_(eps)
+                torch.div(g, direction, out=direction)
+            dot += float(torch.dot(direction, d))
+            direction_sq += float(torch.dot(direction, direction))
     direction_norm, grad_norm = direction_sq ** 0.5, grad_sq ** 0.5
     if direction_norm <= NORM_FLOOR or dev_norm <= NORM_FLOOR:
         return InfluenceStats(0.0, grad_norm, direction_norm)
