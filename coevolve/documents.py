@@ -33,7 +33,7 @@ import json
 import random
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -321,7 +321,3 @@ def dev_set(task: str, n: int, *, source: str | None = None, seed: int = 0, data
         return [Problem(mcq.render_question(i.question, i.choices or ()), i.answer) for i in chosen]
     raise ValueError(f"no dev set for task {task!r} (known: arith, math, mcq)")
 
-
-def dev_questions(problems: Iterable[Problem]) -> set[str]:
-    """Normalised texts of dev questions, to check that none reaches training or the generator's prompt."""
-    return {" ".join(p.question.split()) for p in problems}
