@@ -91,3 +91,20 @@ def test_built_model_emits_parseable_formats(built):
     assert all(o.finish_reason == "eos" for o in outputs[:16])
     written = engine.generate([arith.question_prompt()] * 16, SamplingParams(temperature=1.0, max_new_tokens=48), seed=0)
     assert sum(o.text.startswith("Q:") for o in written) >= 12
+
+
+def test_bare_answers_only_for_multi_step_problems():
+    from coevolve.models.tiny_arith import _sample
+
+    rng = random.Random(0)
+    pairs = [_sample(rng, 3, 0.6) for _ in range(3000)]
+    solves = [(arith.level_of(p.split("Q:")[1].split("=?")[0], _doc(p)), c) for p, c in pairs if "=?" in p]
+    bare = [level for level, c in solves if not c.startswith("S:")]
+    assert bare and min(bare) == 2 and all(c.startswith("A:") for _, c in solves if not c.startswith("S:"))
+    multi = [c for level, c in solves if level >= 2]
+    assert abs(sum(not c.startswith("S:") for c in multi) / len(multi) - 0.6) < 0.05
+    assert all(c.startswith("S:") for level, c in solves if level == 1)
+
+
+def _doc(prompt: str) -> str | None:
+    return prompt.split("\n")[0][2:] if prompt.startswith("D:") else None

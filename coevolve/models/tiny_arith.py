@@ -5,8 +5,16 @@ cached under ``$COEVOLVE_CACHE/models`` (default ``~/.cache/coevolve/models``) i
 after a hash of the build settings and the format versions, so a change to either builds a new one.
 
 Pretraining mixture (compact formats of :mod:`coevolve.tasks.arith`, levels 1..``max_level``):
-40% plain solve traces, 30% grounded solve traces, and 10% each of question writing from
+40% plain solve samples, 30% grounded solve samples, and 10% each of question writing from
 nothing (``W:``), like examples (``E:``) and from a fact sheet with the worked answer (``D:``).
+Like a corpus in which many worked solutions of multi-step problems state only the result, a share
+``bare_answer_rate`` (60%) of the solve samples of level 2 and above are the bare answer ``A:<n>``
+without the step-by-step trace; one-step problems always show their single step. The model so
+answers most multi-step questions at once, which it rarely gets right, while it still writes the
+worked trace in some samples: a reward for correct answers can teach it to show its work, the way
+RL on language models elicits longer reasoning. (A build trained on traces only, BUILD_VERSION 1,
+left GRPO with ground truth nothing it could learn in a few hundred steps: held-out level 3 stayed
+at 39% greedy accuracy over 150 steps.)
 The loss covers completion tokens and EOS only: prompts are mostly uniformly random digits whose
 loss cannot fall, and would only add gradient noise; writing questions is taught by the
 question-writing samples, whose completion *is* the question. The model is meant to be only partly
@@ -39,7 +47,7 @@ from coevolve.rollout.base import SamplingParams
 from coevolve.rollout.hf import HFRolloutEngine
 from coevolve.tasks import arith
 
-BUILD_VERSION = 1  # bump when the pretraining code changes what a build produces
+BUILD_VERSION = 3  # bump when the pretraining code changes what a build produces
 CHARS = "".join(chr(c) for c in range(32, 127)) + "\n"  # printable ASCII and newline, one token each
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 MIXTURE = (("solve", 0.4), ("solve_grounded", 0.3), ("write", 0.1), ("write_examples", 0.1),
@@ -55,13 +63,14 @@ class TinyArithBuild:
     layers: int = 4
     heads: int = 4
     intermediate: int = 512
-    steps: int = 4000
+    steps: int = 6000
     batch: int = 16
     lr: float = 1e-3
     warmup: int = 100
     weight_decay: float = 0.01
     seed: int = 0
     max_level: int = 3
+    bare_answer_rate: float = 0.6  # solve samples of level >= 2 that give only ``A:<n>`` (no trace)
     eval_n: int = 200  # held-out problems per level in the build report
     threads: int = 1  # torch threads while training (0: one per core); the weights depend on it
 
@@ -72,8 +81,9 @@ class TinyArithBuild:
 
     @classmethod
     def for_tests(cls) -> TinyArithBuild:
-        """A much weaker model that builds in well under a minute; enough to emit the formats."""
-        return cls(hidden=64, layers=2, heads=2, intermediate=128, steps=400, lr=3e-3, warmup=20, eval_n=20)
+        """A much weaker model that builds in well under a minute; enough to emit the (traced) formats."""
+        return cls(hidden=64, layers=2, heads=2, intermediate=128, steps=400, lr=3e-3, warmup=20, eval_n=20,
+                   bare_answer_rate=0.0)
 
     def fingerprint(self) -> str:
         """Short hash of the settings and the format and build-code versions."""
@@ -103,13 +113,15 @@ def _new_model(build: TinyArithBuild, tokenizer: PreTrainedTokenizerFast) -> Lla
     return LlamaForCausalLM(config)
 
 
-def _sample(rng: random.Random, max_level: int) -> tuple[str, str]:
+def _sample(rng: random.Random, max_level: int, bare_answer_rate: float) -> tuple[str, str]:
     """One (prompt, completion) pair of the pretraining mixture."""
     kind = rng.choices([k for k, _ in MIXTURE], weights=[w for _, w in MIXTURE])[0]
     level = rng.randint(1, max_level)
     problem = arith.sample_problems(1, rng, levels=(level,), grounded=kind.endswith("grounded"))[0]
     if kind.startswith("solve"):
-        return arith.solver_prompt(problem.question, problem.doc), arith.solve_completion(problem)
+        bare = level >= 2 and bare_answer_rate > 0 and rng.random() < bare_answer_rate
+        return (arith.solver_prompt(problem.question, problem.doc),
+                f"A:{problem.answer}" if bare else arith.solve_completion(problem))
     examples: list[str] = []
     if kind == "write_examples":
         near = [max(1, min(max_level, level + d)) for d in rng.choices((-1, 0, 0, 1), k=rng.randint(1, 4))]
@@ -121,7 +133,7 @@ def _batches(build: TinyArithBuild, tokenizer: PreTrainedTokenizerFast):
     """Yield (input_ids, attention_mask, labels) batches in a fixed order given by the build seed."""
     rng = random.Random(f"tiny-arith/{build.seed}")
     for _ in range(0, build.steps, SORT_WINDOW):
-        pairs = [_sample(rng, build.max_level) for _ in range(SORT_WINDOW * build.batch)]
+        pairs = [_sample(rng, build.max_level, build.bare_answer_rate) for _ in range(SORT_WINDOW * build.batch)]
         prompts = tokenizer([p for p, _ in pairs])["input_ids"]
         completions = tokenizer([c for _, c in pairs], add_special_tokens=False)["input_ids"]
         rows = sorted(zip(prompts, completions), key=lambda r: len(r[0]) + len(r[1]))
