@@ -125,8 +125,8 @@ class DynamicRL(Recipe):
         "train": {"lr": 5e-5, "loss_agg": "token_sum_norm", "norm_constant": 1, "clip_low": 0.2, "clip_high": 0.28},
     }
     presets = {
-        "small": {  # tiny-arith: "W:" -> "Q:<expression>", solved as "Q:<expression>=?"; ~5-9 s a step on 2 cores
-            "model": "tiny-arith", "task": "arith", "steps": 80, "eval_every": 20,
+        "small": {  # tiny-arith: "W:" -> "Q:<expression>", solved as "Q:<expression>=?"; ~3 s a step on one core
+            "model": "tiny-arith", "task": "arith", "steps": 120, "eval_every": 20,
             "params": {"n": 32, "m": 8, "question_max_tokens": 48},
         },
         "paper": {  # §3.1 / spec §7; the paper's models are Qwen2.5-Math-1.5B/7B (--set model=...)

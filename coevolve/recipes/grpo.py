@@ -34,9 +34,9 @@ class GRPO(Recipe):
     name = "grpo"
     summary = "baseline: solver-only RLVR with ground-truth labels (upper bound for self-evolving recipes)"
     Params = GRPOParams
-    defaults = {"steps": 60, "train": {"lr": 5e-5}, "rollout": {"max_new_tokens": 64}, "eval_every": 20}
+    defaults = {"steps": 200, "train": {"lr": 5e-5}, "rollout": {"max_new_tokens": 64}, "eval_every": 25}
     presets = {
-        "small": {"model": "tiny-arith", "task": "arith", "steps": 60},
+        "small": {"model": "tiny-arith", "task": "arith", "steps": 200},  # ~2 s a step on one core
         "paper": {  # DeepSeekMath GRPO / the specs' common solver settings for real models
             "model": "smollm2-135m", "task": "math", "steps": 200,
             "rollout": {"temperature": 1.0, "max_new_tokens": 512},
