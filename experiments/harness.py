@@ -1,0 +1,263 @@
+"""Small-scale reproductions: run arms x seeds with ``coevolve run``, then one results table and plots.
+
+Each ``experiments/<method>/run.py`` lists its arms (recipe, preset, ``--set`` overrides) and calls
+``main``. Runs go to ``experiments/<method>/runs/<arm>/seed_<s>/`` (git-ignored); a finished run is
+skipped and an interrupted one resumed, so the script can be stopped and started again. The
+"untrained" row is the step-0 evaluation every run makes before its first update (greedy, so the
+same for every seed). Diversity is measured in one cluster space shared by all runs of the
+experiment (``coevolve.analytics.compare``). Results: ``results.json``, ``results.md`` and PNG plots
+next to the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coevolve.jsonio import read_jsonl
+
+LEVELS = range(1, 7)
+LEVEL_KEYS = [f"eval/arith_l{level}/accuracy" for level in LEVELS]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration of the experiment: a recipe, its preset and overrides."""
+
+    name: str
+    recipe: str
+    overrides: tuple[str, ...] = ()
+    preset: str = "small"
+    note: str = ""
+
+
+@dataclass
+class ArmResult:
+    """What the runs of one arm measured, one value per seed."""
+
+    arm: Arm
+    final: dict[str, list[float]] = field(default_factory=dict)  # eval key -> per-seed final accuracy
+    start: dict[str, float] = field(default_factory=dict)  # eval key -> step-0 accuracy
+    wall_s: list[float] = field(default_factory=list)
+    compare_rows: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, list[float]] = field(default_factory=dict)  # arm-level summaries from ``measure``
+
+
+def run_dir(root: Path, arm: Arm, seed: int) -> Path:
+    return root / arm.name / f"seed_{seed}"
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def launch(arm: Arm, seed: int, root: Path) -> tuple[list[str], Path]:
+    """The ``coevolve run`` command for one (arm, seed): fresh, resumed or nothing to do (empty)."""
+    out = run_dir(root, arm, seed)
+    if (out / "summary.json").exists():
+        return [], out
+    cli = [sys.executable, "-m", "coevolve.cli", "run"]
+    if (out / "config.yaml").exists():
+        return cli + ["--resume", str(out), "--quiet"], out
+    args = cli + [arm.recipe, "--preset", arm.preset, "--out", str(out), "--quiet", "--set", f"seed={seed}",
+                  "--set", "keep_checkpoints=1"]
+    for override in arm.overrides:
+        args += ["--set", override]
+    return args, out
+
+
+def run_all(arms: Sequence[Arm], seeds: Sequence[int], root: Path, jobs: int) -> None:
+    """Run every (arm, seed) with ``jobs`` processes at a time, one torch thread each, pinned to a core."""
+    pending = [(arm, seed) for seed in seeds for arm in arms]
+    running: list[tuple[subprocess.Popen, Path, int, float]] = []
+    cores = list(range(os.cpu_count() or 1))
+    while pending or running:
+        while pending and len(running) < jobs:
+            arm, seed = pending.pop(0)
+            args, out = launch(arm, seed, root)
+            if not args:
+                continue
+            free = [c for c in cores if c not in {r[2] for r in running}] or cores
+            core = free[0]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            log = open(out.parent / f"seed_{seed}.log", "a")  # noqa: SIM115 - the child process owns it
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            pin = ["taskset", "-c", str(core)] if _has_taskset() else []
+            print(f"start  {arm.name} seed {seed} on core {core}: {shlex.join(args[3:])}", flush=True)
+            running.append((subprocess.Popen(pin + args, stdout=log, stderr=subprocess.STDOUT, env=env), out, core,
+                            time.time()))
+            log.close()
+        time.sleep(2)
+        for entry in list(running):
+            proc, out, _, started = entry
+            if proc.poll() is not None:
+                running.remove(entry)
+                status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {out}.log)"
+                print(f"{status:6} {out.relative_to(root)} in {time.time() - started:.0f} s", flush=True)
+
+
+def _has_taskset() -> bool:
+    from shutil import which
+
+    return which("taskset") is not None
+
+
+def collect(arms: Sequence[Arm], seeds: Sequence[int], root: Path, compare_dir: Path,
+            measure: Any = None) -> list[ArmResult]:
+    """Final and starting accuracy per arm and seed, plus the comparison rows (shared cluster space)."""
+    from coevolve.analytics.compare import compare_runs
+
+    results = [ArmResult(arm) for arm in arms]
+    dirs, owners = [], []
+    for result in results:
+        for seed in seeds:
+            out = run_dir(root, result.arm, seed)
+            if not (out / "summary.json").exists():
+                print(f"missing: {out} has not finished; left out", file=sys.stderr)
+                continue
+            rows = _read_metrics(out)
+            evals = [r for r in rows if LEVEL_KEYS[0] in r]
+            for key in LEVEL_KEYS:
+                result.final.setdefault(key, []).append(evals[-1][key])
+                result.start[key] = evals[0][key]
+            result.wall_s.append(json.loads((out / "summary.json").read_text()).get("wall_s")
+                                 or rows[-1].get("time_s", float("nan")))
+            if measure is not None:
+                for key, value in measure(out).items():
+                    result.extra.setdefault(key, []).append(value)
+            dirs.append(out)
+            owners.append(result)
+    rows, _ = compare_runs(dirs, compare_dir, embed=True)
+    for row, owner in zip(rows, owners):
+        owner.compare_rows.append(row)
+    return results
+
+def generator_collapse(run_dir: Path, window: int = 10) -> dict[str, float]:
+    """Mode collapse over the last ``window`` steps: distinct questions and distinct majority answers per step."""
+    files = sorted((run_dir / "samples").glob("step_*.jsonl"))[-window:]
+    distinct_q, distinct_a = [], []
+    for path in files:
+        rows = [r for r in read_jsonl(path) if r.get("role") == "generator"]
+        if not rows:
+            continue
+        distinct_q.append(len(Counter(r.get("question") for r in rows)) / len(rows))
+        labels = [r.get("label") for r in rows if r.get("label") is not None]
+        distinct_a.append(len(set(labels)) / len(rows))
+    return {"late_distinct_question_share": sum(distinct_q) / max(len(distinct_q), 1),
+            "late_distinct_answer_share": sum(distinct_a) / max(len(distinct_a), 1)}
+
+
+def _mean_sd(values: Sequence[float]) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+DIVERSITY_COLUMNS = ("valid_rate", "label_error_rate", "mean_distinct_2", "mean_duplicate_rate",
+                     "mean_pairwise_distance", "normalized_entropy", "gini")
+
+
+def write_results(results: Sequence[ArmResult], seeds: Sequence[int], here: Path, title: str) -> str:
+    """``results.json``, ``results.md`` (tables) and ``accuracy.png``; returns the markdown."""
+    untrained = next((r.start for r in results if r.start), {})
+    lines = [f"# {title}: measured results", "",
+             (f"Seeds {', '.join(map(str, seeds))}; mean ± sample standard deviation over seeds. "
+              "Greedy accuracy on the 200-question held-out set of each level, after the last step."), "",
+             "| arm | " + " | ".join(f"L{level}" for level in LEVELS) + " | L3+L4 | wall s |",
+             "|---|" + "---|" * (len(LEVELS) + 2)]
+    if untrained:
+        lines.append("| untrained (step 0) | " + " | ".join(f"{untrained[k]:.3f}" for k in LEVEL_KEYS)
+                     + f" | {(untrained[LEVEL_KEYS[2]] + untrained[LEVEL_KEYS[3]]) / 2:.3f} | – |")
+    for r in results:
+        if not r.final:
+            continue
+        l34 = [(a + b) / 2 for a, b in zip(r.final[LEVEL_KEYS[2]], r.final[LEVEL_KEYS[3]])]
+        lines.append(f"| {r.arm.name} | " + " | ".join(_mean_sd(r.final[k]) for k in LEVEL_KEYS)
+                     + f" | {_mean_sd(l34)} | {statistics.fmean(r.wall_s):.0f} |")
+    lines += ["", "Curriculum (generated questions; pooled over each run, then mean ± sd over seeds):", "",
+              "| arm | " + " | ".join(DIVERSITY_COLUMNS) + " |", "|---|" + "---|" * len(DIVERSITY_COLUMNS)]
+    for r in results:
+        if r.compare_rows and any(row.get("valid_rate") is not None for row in r.compare_rows):
+            lines.append(f"| {r.arm.name} | " + " | ".join(
+                _mean_sd([row.get(c) for row in r.compare_rows]) for c in DIVERSITY_COLUMNS) + " |")
+    extra_keys = sorted({k for r in results for k in r.extra})
+    if extra_keys:
+        lines += ["", "| arm | " + " | ".join(extra_keys) + " |", "|---|" + "---|" * len(extra_keys)]
+        for r in results:
+            if r.extra:
+                lines.append(f"| {r.arm.name} | " + " | ".join(_mean_sd(r.extra.get(k, [])) for k in extra_keys)
+                             + " |")
+    lines += ["", "Arms:", ""] + [f"- `{r.arm.name}`: `coevolve run {r.arm.recipe} --preset {r.arm.preset}"
+                                  + "".join(f" --set {o}" for o in r.arm.overrides) + "`"
+                                  + (f" ({r.arm.note})" if r.arm.note else "") for r in results]
+    markdown = "\n".join(lines) + "\n"
+    (here / "results.md").write_text(markdown)
+    payload = {"seeds": list(seeds), "untrained": untrained, "arms": [
+        {"name": r.arm.name, "recipe": r.arm.recipe, "preset": r.arm.preset, "overrides": list(r.arm.overrides),
+         "final": r.final, "wall_s": r.wall_s, "extra": r.extra, "runs": r.compare_rows} for r in results]}
+    (here / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    _plot_accuracy(results, untrained, here / "accuracy.png", title)
+    return markdown
+
+
+def _plot_accuracy(results: Sequence[ArmResult], untrained: dict[str, float], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    shown = [r for r in results if r.final]
+    names = (["untrained"] if untrained else []) + [r.arm.name for r in shown]
+    width = 0.8 / max(len(names), 1)
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    x = np.arange(len(LEVEL_KEYS))
+    for i, name in enumerate(names):
+        if name == "untrained":
+            means, sds = [untrained[k] for k in LEVEL_KEYS], [0.0] * len(LEVEL_KEYS)
+        else:
+            r = shown[i - (1 if untrained else 0)]
+            means = [statistics.fmean(r.final[k]) for k in LEVEL_KEYS]
+            sds = [statistics.stdev(r.final[k]) if len(r.final[k]) > 1 else 0.0 for k in LEVEL_KEYS]
+        ax.bar(x + i * width - 0.4 + width / 2, means, width, yerr=sds, label=name, capsize=2)
+    ax.set_xticks(x, [f"L{level}" for level in LEVELS])
+    ax.set_ylabel("greedy accuracy (held-out)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(arms: Sequence[Arm], title: str, here: Path, measure: Any = None,
+         argv: Sequence[str] | None = None) -> None:
+    """Command line shared by the experiment scripts: run what is missing, then write the results."""
+    parser = argparse.ArgumentParser(description=title)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--arms", nargs="+", choices=[a.name for a in arms], default=[a.name for a in arms])
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one core and one thread each)")
+    parser.add_argument("--runs-dir", type=Path, default=here.parent / "runs",
+                        help="shared by all experiments, so common arms (grpo) run once")
+    parser.add_argument("--report-only", action="store_true", help="only summarise the finished runs")
+    args = parser.parse_args(argv)
+    chosen = [a for a in arms if a.name in args.arms]
+    if not args.report_only:
+        started = time.time()
+        run_all(chosen, args.seeds, args.runs_dir, args.jobs)
+        print(f"all runs finished in {time.time() - started:.0f} s", flush=True)
+    results = collect(chosen, args.seeds, args.runs_dir, args.runs_dir / f"compare_{here.name}", measure)
+    print(write_results(results, args.seeds, here, title))
