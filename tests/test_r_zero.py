@@ -111,6 +111,19 @@ def test_questioner_step_trains_the_questioner_only(random_model_dir):
     assert out.metrics["phase"] == "questioner" and out.metrics["questions/in_band_rate"] == 0.25
 
 
+@pytest.mark.parametrize("recipe_name", ["r_zero", "prism"])
+def test_frozen_generator_never_updates_the_questioner(random_model_dir, recipe_name):
+    recipe, _ = make(recipe_name, random_model_dir, "train.lr=1e-2", "frozen_generator=true",
+                     "params.questioner_init=solver")
+    stub_questions(recipe, ["1+2", "1+2", "3*4", "5-1"])
+    stub_labels(recipe, [["3", "3"], ["3", "3"], ["12", "7"], ["4", "4"]] * 10)
+    questioner_before = [t.clone() for t in recipe.questioner.model.parameters()]
+    out = recipe.step(1)  # a questioner step with a non-zero reward
+    assert any(r["reward"] for r in out.samples)
+    assert all(torch.equal(a, b) for a, b in zip(questioner_before, recipe.questioner.model.parameters()))
+    assert not recipe.questioner_trainer.optimizer.state
+
+
 def test_pool_band_and_solver_step(random_model_dir):
     recipe, _ = make("r_zero", random_model_dir, "params.pool_size=4", "params.band=[0.25,0.75]")
     stub_questions(recipe, ["1+2", "2+2", "3+3", "4+4"])
