@@ -19,7 +19,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,11 +150,13 @@ def generator_collapse(run_dir: Path, window: int = 10) -> dict[str, float]:
         rows = [r for r in read_jsonl(path) if r.get("role") == "generator"]
         if not rows:
             continue
-        distinct_q.append(len(Counter(r.get("question") for r in rows)) / len(rows))
+        distinct_q.append(len({r.get("question") for r in rows}) / len(rows))
         labels = [r.get("label") for r in rows if r.get("label") is not None]
         distinct_a.append(len(set(labels)) / len(rows))
-    return {"late_distinct_question_share": sum(distinct_q) / max(len(distinct_q), 1),
-            "late_distinct_answer_share": sum(distinct_a) / max(len(distinct_a), 1)}
+    if not distinct_q:  # no generator (grpo)
+        return {}
+    return {"late_distinct_question_share": statistics.fmean(distinct_q),
+            "late_distinct_answer_share": statistics.fmean(distinct_a)}
 
 
 def _mean_sd(values: Sequence[float]) -> str:
