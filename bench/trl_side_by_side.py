@@ -8,9 +8,8 @@ on CPU, no vLLM, no gradient checkpointing, no logging or saving. coevolve sampl
 batch as TRL's ``model.generate`` does (``rollout.batch_size = B*G``).
 
 What differs by design: each side samples with its own random stream, so completions (and where they stop at EOS)
-differ; tokens per step are reported for both, with seconds per 1000 generated tokens. coevolve recomputes pi_old
-with an extra forward pass; TRL skips it when generation and optimizer steps are aligned (as here) and computes
-the token entropy in its loss pass.
+differ; tokens per step are reported for both, with seconds per 1000 generated tokens. With one optimizer step per
+generation batch (as here) neither side runs a separate pi_old pass; TRL computes the token entropy in its loss pass.
 
 The order is coevolve, TRL, coevolve again (a fresh recipe redoing the same steps), so load that drifts during the
 run falls on both sides. Each block runs ``--warmup`` untimed steps, then ``--steps`` timed steps; the report gives

@@ -140,11 +140,14 @@ class PolicyTrainer:
             return {"loss": 0.0, "optimizer_steps": 0, "skipped_steps": 0}
         st = self.settings
         width = max(len(s.completion_ids) for s in samples)
-        old = self._frozen_logprobs(self.model, samples)
+        mini = st.mini_batch_size or len(samples)
+        # One optimizer step over the whole batch: pi_old is the current policy, so its log-probs are the loss
+        # pass's own (detached) and the extra no-grad forward is skipped.
+        single_step = st.epochs == 1 and mini >= len(samples)
+        old = None if single_step else self._frozen_logprobs(self.model, samples)
         ref = self._reference_logprobs(samples)
         rollout = _right_aligned([s.rollout_logprobs for s in samples], width)
         order_rng = random.Random(self.seed * 1_000_003 + self.updates_done)
-        mini = st.mini_batch_size or len(samples)
         totals: dict[str, float] = {}
         steps = skipped = 0
         self.model.train()
@@ -179,7 +182,8 @@ class PolicyTrainer:
             logprobs, mask = sequence_logprobs(self.model, part, self.pad_id, st.temperature)
             cols = slice(width - logprobs.shape[1], width)
             loss, stats = policy_loss(
-                logprobs, old[idx, cols], torch.tensor([s.advantage for s in part], dtype=torch.float32), mask,
+                logprobs, logprobs.detach() if old is None else old[idx, cols],
+                torch.tensor([s.advantage for s in part], dtype=torch.float32), mask,
                 clip_low=st.clip_low, clip_high=st.clip_high, tis_cap=st.tis_cap,
                 rollout_logprobs=rollout[idx, cols] if st.tis_cap else None,
                 ref_logprobs=ref[idx, cols] if ref is not None else None, beta=st.kl_beta,
