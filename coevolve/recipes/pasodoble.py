@@ -256,11 +256,16 @@ class PasoDoble(Recipe):
             return self.online_step(step)
         return self.proposer_step(step) if self.phase == "proposer" else self.solver_step(step)
 
-    def online_step(self, step: int) -> StepOutput:
-        timer = PhaseTimer()
+    def propose_and_retain(self, step: int, timer: PhaseTimer) -> tuple[list[Proposal], list[Proposal], bool]:
+        """Proposals with their pass rates and advantages, those kept for the Solver, and whether to skip the step
+        (nothing retained, or all Proposer advantages zero)."""
         proposals = self.propose_and_score(step, timer)
         retained = [x for x in proposals if self.retained(x.p)]
-        skipped = not retained or not any(x.advantage for x in proposals)
+        return proposals, retained, not retained or not any(x.advantage for x in proposals)
+
+    def online_step(self, step: int) -> StepOutput:
+        timer = PhaseTimer()
+        proposals, retained, skipped = self.propose_and_retain(step, timer)
         stats: dict[str, float] = {}
         if not skipped:
             with timer("update_proposer"):
@@ -273,9 +278,7 @@ class PasoDoble(Recipe):
     def proposer_step(self, step: int) -> StepOutput:
         """Offline Phase A: one Proposer step with the Solver frozen; retained questions go to 𝓑."""
         timer = PhaseTimer()
-        proposals = self.propose_and_score(step, timer)
-        retained = [x for x in proposals if self.retained(x.p)]
-        skipped = not retained or not any(x.advantage for x in proposals)
+        proposals, retained, skipped = self.propose_and_retain(step, timer)
         stats: dict[str, float] = {}
         if not skipped:
             self.buffer += [Buffered(x.question, x.answer, self.solver_doc(x.passage), prev_acc=x.p)
