@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -92,7 +93,7 @@ def run_all(arms: Sequence[Arm], seeds: Sequence[int], root: Path, jobs: int) ->
             out.parent.mkdir(parents=True, exist_ok=True)
             log = open(out.parent / f"seed_{seed}.log", "a")  # noqa: SIM115 - the child process owns it
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            pin = ["taskset", "-c", str(core)] if _has_taskset() else []
+            pin = ["taskset", "-c", str(core)] if shutil.which("taskset") else []
             print(f"start  {arm.name} seed {seed} on core {core}: {shlex.join(args[3:])}", flush=True)
             running.append((subprocess.Popen(pin + args, stdout=log, stderr=subprocess.STDOUT, env=env), out, core,
                             time.time()))
@@ -104,12 +105,6 @@ def run_all(arms: Sequence[Arm], seeds: Sequence[int], root: Path, jobs: int) ->
                 running.remove(entry)
                 status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {out}.log)"
                 print(f"{status:6} {out.relative_to(root)} in {time.time() - started:.0f} s", flush=True)
-
-
-def _has_taskset() -> bool:
-    from shutil import which
-
-    return which("taskset") is not None
 
 
 def collect(arms: Sequence[Arm], seeds: Sequence[int], root: Path, compare_dir: Path,
