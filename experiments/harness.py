@@ -1,7 +1,7 @@
 """Small-scale reproductions: run arms x seeds with ``coevolve run``, then one results table and plots.
 
-Each ``experiments/<method>/run.py`` lists its arms (recipe, preset, ``--set`` overrides) and calls
-``main``. Runs go to ``experiments/<method>/runs/<arm>/seed_<s>/`` (git-ignored); a finished run is
+Each ``experiments/<method>/run.py`` defines an ``Experiment`` (its arms: recipe, preset, ``--set``
+overrides) and calls ``main``. Runs go to ``experiments/<method>/runs/<arm>/seed_<s>/`` (git-ignored); a finished run is
 skipped and an interrupted one resumed, so the script can be stopped and started again. The
 "untrained" row is the step-0 evaluation every run makes before its first update (greedy, so the
 same for every seed). Diversity is measured in one cluster space shared by all runs of the
@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,21 @@ class Arm:
     overrides: tuple[str, ...] = ()
     preset: str = "small"
     note: str = ""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One small-scale reproduction: its arms, where its results go, and what it measures beyond accuracy.
+
+    ``measure(run_dir) -> {name: value}`` adds per-run numbers; ``extra_report(results, here, seeds)`` turns them
+    into markdown lines (default: one table of their means).
+    """
+
+    title: str
+    here: Path
+    arms: tuple[Arm, ...]
+    measure: Callable[[Path], dict[str, float]] | None = None
+    extra_report: Callable[[Sequence["ArmResult"], Path, Sequence[int]], list[str]] | None = None
 
 
 @dataclass
@@ -108,7 +123,7 @@ def run_all(arms: Sequence[Arm], seeds: Sequence[int], root: Path, jobs: int) ->
 
 
 def collect(arms: Sequence[Arm], seeds: Sequence[int], root: Path, compare_dir: Path,
-            measure: Any = None) -> list[ArmResult]:
+            measure: Callable[[Path], dict[str, float]] | None = None) -> list[ArmResult]:
     """Final and starting accuracy per arm and seed, plus the comparison rows (shared cluster space)."""
     from coevolve.analytics.compare import compare_runs
 
@@ -154,6 +169,26 @@ def generator_collapse(run_dir: Path, window: int = 10) -> dict[str, float]:
             "late_distinct_answer_share": statistics.fmean(distinct_a)}
 
 
+def trained_label_errors(run_dir: Path) -> dict[str, float]:
+    """How often the solver was trained against a wrong generator-written answer key.
+
+    Over the solver rows that entered an update (``trained``) whose key the task's oracle could check:
+    the share of rows, and of distinct questions, whose key was wrong.
+    """
+    rows, questions = [], {}
+    for path in sorted((run_dir / "samples").glob("step_*.jsonl")):
+        for r in read_jsonl(path):
+            correct = (r.get("oracle") or {}).get("label_correct")
+            if r.get("role") == "solver" and r.get("trained") and correct is not None:
+                rows.append(bool(correct))
+                questions[(r.get("step"), r.get("question_id"))] = bool(correct)
+    if not rows:
+        return {}
+    return {"trained_rows_wrong_key": 1 - statistics.fmean(rows),
+            "trained_questions_wrong_key": 1 - statistics.fmean(questions.values()),
+            "trained_questions": float(len(questions))}
+
+
 def _mean_sd(values: Sequence[float]) -> str:
     values = [v for v in values if v is not None]
     if not values:
@@ -167,8 +202,13 @@ DIVERSITY_COLUMNS = ("valid_rate", "label_error_rate", "mean_distinct_2", "mean_
                      "mean_pairwise_distance", "normalized_entropy", "gini")
 
 
-def write_results(results: Sequence[ArmResult], seeds: Sequence[int], here: Path, title: str) -> str:
-    """``results.json``, ``results.md`` (tables) and ``accuracy.png``; returns the markdown."""
+def write_results(results: Sequence[ArmResult], seeds: Sequence[int], here: Path, title: str,
+                  extra_report: Callable[[Sequence[ArmResult], Path, Sequence[int]], list[str]] | None = None) -> str:
+    """``results.json``, ``results.md`` (tables) and ``accuracy.png``; returns the markdown.
+
+    ``extra_report(results, here, seeds)`` returns markdown lines that replace the generic table of ``measure``'s values
+    (and may write its own figures into ``here``).
+    """
     untrained = next((r.start for r in results if r.start), {})
     lines = [f"# {title}: measured results", "",
              (f"Seeds {', '.join(map(str, seeds))}; mean ± sample standard deviation over seeds. "
@@ -191,7 +231,9 @@ def write_results(results: Sequence[ArmResult], seeds: Sequence[int], here: Path
             lines.append(f"| {r.arm.name} | " + " | ".join(
                 _mean_sd([row.get(c) for row in r.compare_rows]) for c in DIVERSITY_COLUMNS) + " |")
     extra_keys = sorted({k for r in results for k in r.extra})
-    if extra_keys:
+    if extra_report is not None:
+        lines += ["", *extra_report(results, here, seeds)]
+    elif extra_keys:
         lines += ["", "| arm | " + " | ".join(extra_keys) + " |", "|---|" + "---|" * len(extra_keys)]
         for r in results:
             if r.extra:
@@ -239,10 +281,10 @@ def _plot_accuracy(results: Sequence[ArmResult], untrained: dict[str, float], pa
     plt.close(fig)
 
 
-def main(arms: Sequence[Arm], title: str, here: Path, measure: Any = None,
-         argv: Sequence[str] | None = None) -> None:
+def main(experiment: Experiment, argv: Sequence[str] | None = None) -> None:
     """Command line shared by the experiment scripts: run what is missing, then write the results."""
-    parser = argparse.ArgumentParser(description=title)
+    arms, here = experiment.arms, experiment.here
+    parser = argparse.ArgumentParser(description=experiment.title)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="+", choices=[a.name for a in arms], default=[a.name for a in arms])
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one core and one thread each)")
@@ -255,5 +297,5 @@ def main(arms: Sequence[Arm], title: str, here: Path, measure: Any = None,
         started = time.time()
         run_all(chosen, args.seeds, args.runs_dir, args.jobs)
         print(f"all runs finished in {time.time() - started:.0f} s", flush=True)
-    results = collect(chosen, args.seeds, args.runs_dir, args.runs_dir / f"compare_{here.name}", measure)
-    print(write_results(results, args.seeds, here, title))
+    results = collect(chosen, args.seeds, args.runs_dir, args.runs_dir / f"compare_{here.name}", experiment.measure)
+    print(write_results(results, args.seeds, here, experiment.title, experiment.extra_report))

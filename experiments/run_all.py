@@ -7,12 +7,14 @@ import argparse
 import time
 from pathlib import Path
 
-from experiments.dynamic_rl.run import ARMS as DYNAMIC_RL_ARMS
-from experiments.harness import generator_collapse, main, run_all
-from experiments.opensir.run import ARMS as OPENSIR_ARMS
+from experiments.dynamic_rl.run import EXPERIMENT as DYNAMIC_RL
+from experiments.harness import main, run_all
+from experiments.infuser.run import EXPERIMENT as INFUSER
+from experiments.opensir.run import EXPERIMENT as OPENSIR
+from experiments.pasodoble.run import EXPERIMENT as PASODOBLE
+from experiments.prism.run import EXPERIMENT as PRISM
 
-EXPERIMENTS = {"dynamic_rl": ("Dynamic RL on tiny-arith", DYNAMIC_RL_ARMS),
-               "opensir": ("OpenSIR on tiny-arith", OPENSIR_ARMS)}
+EXPERIMENTS = (DYNAMIC_RL, OPENSIR, PRISM, PASODOBLE, INFUSER)
 HERE = Path(__file__).resolve().parent
 
 if __name__ == "__main__":
@@ -20,10 +22,9 @@ if __name__ == "__main__":
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
-    arms = list({arm.name: arm for _, experiment_arms in EXPERIMENTS.values() for arm in experiment_arms}.values())
+    arms = list({arm.name: arm for experiment in EXPERIMENTS for arm in experiment.arms}.values())
     started = time.time()
     run_all(arms, args.seeds, HERE / "runs", args.jobs)
     print(f"all runs finished in {time.time() - started:.0f} s", flush=True)
-    for name, (title, experiment_arms) in EXPERIMENTS.items():
-        main(experiment_arms, title, HERE / name, measure=generator_collapse,
-             argv=["--report-only", "--seeds", *map(str, args.seeds)])
+    for experiment in EXPERIMENTS:
+        main(experiment, argv=["--report-only", "--seeds", *map(str, args.seeds)])

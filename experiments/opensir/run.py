@@ -7,13 +7,16 @@ paper's central ablation (no diversity reward: compare diversity metrics and acc
 from pathlib import Path
 
 from experiments.arms import GRPO
-from experiments.harness import Arm, generator_collapse, main
+from experiments.harness import Arm, Experiment, generator_collapse, main
 
-ARMS = [
+ARMS = (
     GRPO,
     Arm("opensir", "opensir"),
     Arm("opensir_no_diversity", "opensir", ("params.w_div=0",), note="the paper's no-diversity ablation"),
-]
+)
+
+
+EXPERIMENT = Experiment("OpenSIR on tiny-arith", Path(__file__).resolve().parent, ARMS, measure=generator_collapse)
 
 if __name__ == "__main__":
-    main(ARMS, "OpenSIR on tiny-arith", Path(__file__).resolve().parent, measure=generator_collapse)
+    main(EXPERIMENT)

@@ -1,0 +1,119 @@
+"""Prism against R-Zero on the arithmetic world: held-out accuracy per level, and the paper's curriculum analysis
+(Table 2) per iteration: active clusters, normalised entropy, Gini and top-10 share of each iteration's question
+pool, in Prism's own fixed cluster space (K = 32 over generated arithmetic questions, all-MiniLM-L6-v2).
+
+    python -m experiments.prism.run [--seeds 0 1 2] [--jobs 2] [--report-only]
+"""
+
+import random
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from coevolve.analytics.diversity import cluster_stats
+from coevolve.embeddings import embed
+from coevolve.jsonio import read_jsonl
+from coevolve.rewards.coverage import cluster_space_for
+from experiments.arms import GRPO
+from experiments.harness import Arm, ArmResult, Experiment, main
+
+ARMS = (
+    GRPO,
+    Arm("r_zero", "r_zero"),
+    Arm("prism", "prism"),
+    Arm("prism_no_rarity", "prism", ("params.lam=0",), note="lambda = 0: the ZPD reward alone, no rarity bonus"),
+)
+POOL_SAMPLE = 240  # questions per pool, drawn at random (seed 0): the same N for every run and iteration
+STATS = {"active": "active clusters", "normalized_entropy": "normalised entropy", "gini": "Gini",
+         "top10_share": "top-10 share"}
+
+
+def pool_coverage(run_dir: Path) -> dict[str, float]:
+    """Table 2 for each iteration's pool: statistics of POOL_SAMPLE valid pool questions in Prism's cluster space."""
+    space, _ = cluster_space_for("arith", 32)  # the space of `prism --preset small` (arith corpus, K = 32)
+    pools: dict[int, list[str]] = {}
+    for path in sorted((run_dir / "samples").glob("step_*.jsonl")):
+        for r in read_jsonl(path):
+            if r.get("role") == "generator" and r.get("phase") == "pool" and r.get("valid") and r.get("question"):
+                pools.setdefault(r["iteration"], []).append(r["question"])
+    out = {}
+    for iteration, questions in sorted(pools.items()):
+        sample = random.Random(0).sample(questions, min(POOL_SAMPLE, len(questions)))
+        stats = cluster_stats(space.counts(space.assign(embed(sample))))
+        out.update({f"iteration {iteration}/{key}": stats[key] for key in STATS})
+    return out
+
+
+def base_model_coverage(seeds: Sequence[int]) -> dict[str, list[float]]:
+    """The untrained questioner M_0 as Table 2's "base model" row: one pool of POOL_SAMPLE questions per seed."""
+    from coevolve.models import load_policy
+    from coevolve.rollout.base import SamplingParams
+    from coevolve.rollout.hf import HFRolloutEngine
+    from coevolve.tasks import arith
+
+    space, _ = cluster_space_for("arith", 32)
+    policy = load_policy("tiny-arith")
+    engine = HFRolloutEngine(policy.model, policy.tokenizer, batch_size=64, eos_token_ids=policy.eos_token_ids)
+    prompt = policy.format_prompt(arith.question_prompt(policy.prompt_style))
+    stats: dict[str, list[float]] = {}
+    for seed in seeds:  # temperature 1 and the 48-token budget of `r_zero --preset small`'s pool
+        outputs = engine.generate([prompt] * 2 * POOL_SAMPLE, SamplingParams(max_new_tokens=48), seed)
+        parsed = [arith.parse_question(o.text, policy.prompt_style) for o in outputs]
+        questions = [q.question for q in parsed if q is not None][:POOL_SAMPLE]
+        for key, value in cluster_stats(space.counts(space.assign(embed(questions)))).items():
+            stats.setdefault(key, []).append(value)
+    return stats
+
+
+def coverage_report(results: Sequence[ArmResult], here: Path, seeds: Sequence[int]) -> list[str]:
+    """Per-iteration coverage table (mean ± sd over seeds) and ``curriculum.png``."""
+    shown = [r for r in results if r.extra]
+    iterations = sorted({int(k.split("/")[0].split()[1]) for r in shown for k in r.extra})
+    lines = [f"Curriculum coverage of each iteration's question pool ({POOL_SAMPLE} questions sampled per pool, "
+             "Prism's cluster space, K = 32; mean ± sd over seeds):", "",
+             "| arm | iteration | " + " | ".join(STATS.values()) + " |", "|---|---|" + "---|" * len(STATS)]
+    base = base_model_coverage(seeds)
+    lines.append("| untrained questioner (M_0) | – | " + " | ".join(_fmt(base[key]) for key in STATS) + " |")
+    for r in shown:
+        for it in iterations:
+            lines.append(f"| {r.arm.name} | {it} | " + " | ".join(
+                _fmt(r.extra.get(f"iteration {it}/{key}", [])) for key in STATS) + " |")
+    _plot(shown, iterations, base, here / "curriculum.png")
+    return lines
+
+
+def _fmt(values: list[float]) -> str:
+    if not values:
+        return "–"
+    sd = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
+    return f"{statistics.fmean(values):.3f}{sd}"
+
+
+def _plot(results: Sequence[ArmResult], iterations: list[int], base: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(STATS), figsize=(13, 3.2))
+    for ax, (key, label) in zip(axes, STATS.items()):
+        for r in results:
+            series = [r.extra.get(f"iteration {it}/{key}", []) for it in iterations]
+            means = [statistics.fmean(v) for v in series]
+            sds = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in series]
+            ax.errorbar(iterations, means, yerr=sds, label=r.arm.name, capsize=2, marker="o")
+        ax.axhline(statistics.fmean(base[key]), color="grey", linestyle="--", label="untrained questioner")
+        ax.set_title(label)
+        ax.set_xlabel("iteration")
+        ax.set_xticks(iterations)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+EXPERIMENT = Experiment("Prism and R-Zero on tiny-arith", Path(__file__).resolve().parent, ARMS, measure=pool_coverage,
+                        extra_report=coverage_report)
+
+if __name__ == "__main__":
+    main(EXPERIMENT)

@@ -1,0 +1,69 @@
+"""The experiment scripts' measurements and results tables, on hand-written run folders (no training)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.harness import Arm, ArmResult, LEVEL_KEYS, launch, trained_label_errors, write_results
+
+
+def _write_samples(run: Path, step: int, rows: list[dict]) -> None:
+    (run / "samples").mkdir(parents=True, exist_ok=True)
+    (run / "samples" / f"step_{step:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _solver(step: int, qid: str, trained: bool, label_correct: bool | None) -> dict:
+    oracle = None if label_correct is None else {"label_correct": label_correct}
+    return {"step": step, "role": "solver", "question_id": qid, "trained": trained, "oracle": oracle}
+
+
+def test_trained_label_errors_counts_only_trained_rows_with_a_checkable_key(tmp_path):
+    _write_samples(tmp_path, 1, [
+        _solver(1, "q0", True, False), _solver(1, "q0", True, False),   # one wrong question, two rows
+        _solver(1, "q1", True, True),                                   # one right question
+        _solver(1, "q2", False, False),                                 # not trained on: ignored
+        _solver(1, "q3", True, None),                                   # no oracle verdict: ignored
+        {"step": 1, "role": "generator", "question_id": "q0", "oracle": {"label_correct": False}},
+    ])
+    _write_samples(tmp_path, 2, [_solver(2, "q0", True, True)])  # same id, other step: another question
+    measured = trained_label_errors(tmp_path)
+    assert measured["trained_rows_wrong_key"] == pytest.approx(2 / 4)
+    assert measured["trained_questions_wrong_key"] == pytest.approx(1 / 3)
+    assert measured["trained_questions"] == 3
+
+
+def test_trained_label_errors_is_empty_without_trained_rows(tmp_path):
+    _write_samples(tmp_path, 1, [_solver(1, "q0", False, True)])
+    assert trained_label_errors(tmp_path) == {}
+
+
+def test_launch_resumes_an_interrupted_run_and_skips_a_finished_one(tmp_path):
+    arm = Arm("x", "grpo", ("train.lr=1e-4",), preset="small")
+    fresh, out = launch(arm, 3, tmp_path)
+    assert fresh[3:6] == ["run", "grpo", "--preset"] and "seed=3" in fresh and "train.lr=1e-4" in fresh
+    out.mkdir(parents=True)
+    (out / "config.yaml").write_text("recipe: grpo\n")
+    assert launch(arm, 3, tmp_path)[0][3:5] == ["run", "--resume"]
+    (out / "summary.json").write_text("{}")
+    assert launch(arm, 3, tmp_path)[0] == []
+
+
+def test_write_results_tables_and_extra_report(tmp_path):
+    result = ArmResult(Arm("a", "grpo"))
+    result.final = {k: [0.5, 0.7] for k in LEVEL_KEYS}
+    result.start = {k: 0.1 for k in LEVEL_KEYS}
+    result.wall_s = [10.0, 20.0]
+    result.extra = {"iteration 1/gini": [0.2, 0.4]}
+    seen = {}
+
+    def report(results, here, seeds):
+        seen.update(here=here, seeds=list(seeds), arms=[r.arm.name for r in results])
+        return ["EXTRA TABLE"]
+
+    markdown = write_results([result], [0, 1], tmp_path, "T", report)
+    assert seen == {"here": tmp_path, "seeds": [0, 1], "arms": ["a"]}
+    assert "| a | 0.600 ± 0.141 |" in markdown and "EXTRA TABLE" in markdown
+    assert "iteration 1/gini" not in markdown  # the extra report replaces the generic table
+    assert json.loads((tmp_path / "results.json").read_text())["arms"][0]["extra"] == result.extra
+    assert (tmp_path / "accuracy.png").stat().st_size > 0
