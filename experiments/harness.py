@@ -172,14 +172,15 @@ def generator_collapse(run_dir: Path, window: int = 10) -> dict[str, float]:
 def trained_label_errors(run_dir: Path) -> dict[str, float]:
     """How often the solver was trained against a wrong generator-written answer key.
 
-    Over the solver rows that entered an update (``trained``) whose key the task's oracle could check:
-    the share of rows, and of distinct questions, whose key was wrong.
+    Over the solver rows that entered an update (``trained``; rows without the flag come from recipes that
+    train on every solver sample) whose key the task's oracle could check: the share of rows, and of
+    distinct questions, whose key was wrong.
     """
     rows, questions = [], {}
     for path in sorted((run_dir / "samples").glob("step_*.jsonl")):
         for r in read_jsonl(path):
             correct = (r.get("oracle") or {}).get("label_correct")
-            if r.get("role") == "solver" and r.get("trained") and correct is not None:
+            if r.get("role") == "solver" and r.get("trained", True) and correct is not None:
                 rows.append(bool(correct))
                 questions[(r.get("step"), r.get("question_id"))] = bool(correct)
     if not rows:

@@ -15,7 +15,7 @@ from coevolve.embeddings import embed
 from coevolve.jsonio import read_jsonl
 from coevolve.rewards.coverage import cluster_space_for
 from experiments.arms import GRPO
-from experiments.harness import Arm, ArmResult, Experiment, main
+from experiments.harness import Arm, ArmResult, Experiment, main, trained_label_errors
 
 ARMS = (
     GRPO,
@@ -26,6 +26,11 @@ ARMS = (
 POOL_SAMPLE = 240  # questions per pool, drawn at random (seed 0): the same N for every run and iteration
 STATS = {"active": "active clusters", "normalized_entropy": "normalised entropy", "gini": "Gini",
          "top10_share": "top-10 share"}
+
+
+def curriculum_measures(run_dir: Path) -> dict[str, float]:
+    """Pool coverage per iteration, and how often the solver trained against a wrong majority label."""
+    return {**pool_coverage(run_dir), **trained_label_errors(run_dir)}
 
 
 def pool_coverage(run_dir: Path) -> dict[str, float]:
@@ -67,8 +72,8 @@ def base_model_coverage(seeds: Sequence[int]) -> dict[str, list[float]]:
 
 def coverage_report(results: Sequence[ArmResult], here: Path, seeds: Sequence[int]) -> list[str]:
     """Per-iteration coverage table (mean ± sd over seeds) and ``curriculum.png``."""
-    shown = [r for r in results if r.extra]
-    iterations = sorted({int(k.split("/")[0].split()[1]) for r in shown for k in r.extra})
+    shown = [r for r in results if any(k.startswith("iteration") for k in r.extra)]  # not grpo
+    iterations = sorted({int(k.split("/")[0].split()[1]) for r in shown for k in r.extra if k.startswith("iteration")})
     lines = [f"Curriculum coverage of each iteration's question pool ({POOL_SAMPLE} questions sampled per pool, "
              "Prism's cluster space, K = 32; mean ± sd over seeds):", "",
              "| arm | iteration | " + " | ".join(STATS.values()) + " |", "|---|---|" + "---|" * len(STATS)]
@@ -79,6 +84,11 @@ def coverage_report(results: Sequence[ArmResult], here: Path, seeds: Sequence[in
             lines.append(f"| {r.arm.name} | {it} | " + " | ".join(
                 _fmt(r.extra.get(f"iteration {it}/{key}", [])) for key in STATS) + " |")
     _plot(shown, iterations, base, here / "curriculum.png")
+    lines += ["", "Majority-vote labels the solver trained on that the arithmetic oracle says are wrong "
+              "(mean ± sd over seeds):", "", "| arm | share of trained questions | share of trained samples |",
+              "|---|---|---|"]
+    lines += [f"| {r.arm.name} | {_fmt(r.extra.get('trained_questions_wrong_key', []))} | "
+              f"{_fmt(r.extra.get('trained_rows_wrong_key', []))} |" for r in results if r.extra]
     return lines
 
 
@@ -112,8 +122,8 @@ def _plot(results: Sequence[ArmResult], iterations: list[int], base: dict[str, l
     plt.close(fig)
 
 
-EXPERIMENT = Experiment("Prism and R-Zero on tiny-arith", Path(__file__).resolve().parent, ARMS, measure=pool_coverage,
-                        extra_report=coverage_report)
+EXPERIMENT = Experiment("Prism and R-Zero on tiny-arith", Path(__file__).resolve().parent, ARMS,
+                        measure=curriculum_measures, extra_report=coverage_report)
 
 if __name__ == "__main__":
     main(EXPERIMENT)
