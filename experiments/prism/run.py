@@ -17,11 +17,16 @@ from coevolve.rewards.coverage import cluster_space_for
 from experiments.arms import GRPO
 from experiments.harness import Arm, ArmResult, Experiment, main, trained_label_errors
 
+# 4 iterations of 30 questioner and 20 solver steps instead of 6 and 20
+LONG_QUESTIONER = ("params.questioner_steps=30", "steps=200", "eval_every=50")
 ARMS = (
     GRPO,
     Arm("r_zero", "r_zero"),
     Arm("prism", "prism"),
     Arm("prism_no_rarity", "prism", ("params.lam=0",), note="lambda = 0: the ZPD reward alone, no rarity bonus"),
+    Arm("r_zero_q30", "r_zero", LONG_QUESTIONER, note="5x the questioner steps: room for R-Zero to collapse"),
+    Arm("prism_q30", "prism", LONG_QUESTIONER, note="5x the questioner steps"),
+    Arm("prism_q30_no_rarity", "prism", (*LONG_QUESTIONER, "params.lam=0"), note="5x the questioner steps, lambda = 0"),
 )
 POOL_SAMPLE = 240  # questions per pool, drawn at random (seed 0): the same N for every run and iteration
 STATS = {"active": "active clusters", "normalized_entropy": "normalised entropy", "gini": "Gini",
