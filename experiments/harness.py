@@ -1,12 +1,13 @@
 """Small-scale reproductions: run arms x seeds with ``coevolve run``, then one results table and plots.
 
 Each ``experiments/<method>/run.py`` defines an ``Experiment`` (its arms: recipe, preset, ``--set``
-overrides) and calls ``main``. Runs go to ``experiments/<method>/runs/<arm>/seed_<s>/`` (git-ignored); a finished run is
-skipped and an interrupted one resumed, so the script can be stopped and started again. The
-"untrained" row is the step-0 evaluation every run makes before its first update (greedy, so the
-same for every seed). Diversity is measured in one cluster space shared by all runs of the
-experiment (``coevolve.analytics.compare``). Results: ``results.json``, ``results.md`` and PNG plots
-next to the script.
+overrides) and calls ``main``. Runs go to ``experiments/runs/<arm>/seed_<s>/`` (git-ignored, shared by
+the experiments so that common arms run once); a finished run is skipped and an interrupted one
+resumed, so the script can be stopped and started again. The "untrained" row is the step-0
+evaluation every run makes before its first update (greedy, so the same for every seed). Diversity
+is measured in one cluster space shared by all runs of the experiment
+(``coevolve.analytics.compare``). Results: ``results.json``, ``results.md`` and PNG plots next to
+the script.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class Arm:
     note: str = ""
 
 
+Measure = Callable[[Path], dict[str, float]]  # run folder -> named per-run numbers
+ExtraReport = Callable[[Sequence["ArmResult"], Path, Sequence[int]], list[str]]  # (results, here, seeds) -> markdown
+
+
 @dataclass(frozen=True)
 class Experiment:
     """One small-scale reproduction: its arms, where its results go, and what it measures beyond accuracy.
@@ -53,8 +58,8 @@ class Experiment:
     title: str
     here: Path
     arms: tuple[Arm, ...]
-    measure: Callable[[Path], dict[str, float]] | None = None
-    extra_report: Callable[[Sequence["ArmResult"], Path, Sequence[int]], list[str]] | None = None
+    measure: Measure | None = None
+    extra_report: ExtraReport | None = None
 
 
 @dataclass
@@ -123,7 +128,7 @@ def run_all(arms: Sequence[Arm], seeds: Sequence[int], root: Path, jobs: int) ->
 
 
 def collect(arms: Sequence[Arm], seeds: Sequence[int], root: Path, compare_dir: Path,
-            measure: Callable[[Path], dict[str, float]] | None = None) -> list[ArmResult]:
+            measure: Measure | None = None) -> list[ArmResult]:
     """Final and starting accuracy per arm and seed, plus the comparison rows (shared cluster space)."""
     from coevolve.analytics.compare import compare_runs
 
@@ -170,7 +175,7 @@ def generator_collapse(run_dir: Path, window: int = 10) -> dict[str, float]:
 
 
 def trained_label_errors(run_dir: Path) -> dict[str, float]:
-    """How often the solver was trained against a wrong generator-written answer key.
+    """How often the solver was trained against a wrong label (a generator-written key or a majority vote).
 
     Over the solver rows that entered an update (``trained``; rows without the flag come from recipes that
     train on every solver sample) whose key the task's oracle could check: the share of rows, and of
@@ -204,11 +209,11 @@ DIVERSITY_COLUMNS = ("valid_rate", "label_error_rate", "mean_distinct_2", "mean_
 
 
 def write_results(results: Sequence[ArmResult], seeds: Sequence[int], here: Path, title: str,
-                  extra_report: Callable[[Sequence[ArmResult], Path, Sequence[int]], list[str]] | None = None) -> str:
+                  extra_report: ExtraReport | None = None) -> str:
     """``results.json``, ``results.md`` (tables) and ``accuracy.png``; returns the markdown.
 
-    ``extra_report(results, here, seeds)`` returns markdown lines that replace the generic table of ``measure``'s values
-    (and may write its own figures into ``here``).
+    ``extra_report(results, here, seeds)`` returns markdown lines that replace the generic table of
+    ``measure``'s values (and may write its own figures into ``here``).
     """
     untrained = next((r.start for r in results if r.start), {})
     lines = [f"# {title}: measured results", "",
