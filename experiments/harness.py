@@ -195,7 +195,8 @@ def trained_label_errors(run_dir: Path) -> dict[str, float]:
             "trained_questions": float(len(questions))}
 
 
-def _mean_sd(values: Sequence[float]) -> str:
+def mean_sd(values: Sequence[float]) -> str:
+    """``mean ± sd`` of the values over seeds (one value: itself; none: a dash)."""
     values = [v for v in values if v is not None]
     if not values:
         return "–"
@@ -228,14 +229,14 @@ def write_results(results: Sequence[ArmResult], seeds: Sequence[int], here: Path
         if not r.final:
             continue
         l34 = [(a + b) / 2 for a, b in zip(r.final[LEVEL_KEYS[2]], r.final[LEVEL_KEYS[3]])]
-        lines.append(f"| {r.arm.name} | " + " | ".join(_mean_sd(r.final[k]) for k in LEVEL_KEYS)
-                     + f" | {_mean_sd(l34)} | {statistics.fmean(r.wall_s):.0f} |")
+        lines.append(f"| {r.arm.name} | " + " | ".join(mean_sd(r.final[k]) for k in LEVEL_KEYS)
+                     + f" | {mean_sd(l34)} | {statistics.fmean(r.wall_s):.0f} |")
     lines += ["", "Curriculum (generated questions; pooled over each run, then mean ± sd over seeds):", "",
               "| arm | " + " | ".join(DIVERSITY_COLUMNS) + " |", "|---|" + "---|" * len(DIVERSITY_COLUMNS)]
     for r in results:
         if r.compare_rows and any(row.get("valid_rate") is not None for row in r.compare_rows):
             lines.append(f"| {r.arm.name} | " + " | ".join(
-                _mean_sd([row.get(c) for row in r.compare_rows]) for c in DIVERSITY_COLUMNS) + " |")
+                mean_sd([row.get(c) for row in r.compare_rows]) for c in DIVERSITY_COLUMNS) + " |")
     extra_keys = sorted({k for r in results for k in r.extra})
     if extra_report is not None:
         lines += ["", *extra_report(results, here, seeds)]
@@ -243,7 +244,7 @@ def write_results(results: Sequence[ArmResult], seeds: Sequence[int], here: Path
         lines += ["", "| arm | " + " | ".join(extra_keys) + " |", "|---|" + "---|" * len(extra_keys)]
         for r in results:
             if r.extra:
-                lines.append(f"| {r.arm.name} | " + " | ".join(_mean_sd(r.extra.get(k, [])) for k in extra_keys)
+                lines.append(f"| {r.arm.name} | " + " | ".join(mean_sd(r.extra.get(k, [])) for k in extra_keys)
                              + " |")
     lines += ["", "Arms:", ""] + [f"- `{r.arm.name}`: `coevolve run {r.arm.recipe} --preset {r.arm.preset}"
                                   + "".join(f" --set {o}" for o in r.arm.overrides) + "`"

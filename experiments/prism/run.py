@@ -15,7 +15,7 @@ from coevolve.embeddings import embed
 from coevolve.jsonio import read_jsonl
 from coevolve.rewards.coverage import cluster_space_for
 from experiments.arms import GRPO
-from experiments.harness import Arm, ArmResult, Experiment, main, trained_label_errors
+from experiments.harness import Arm, ArmResult, Experiment, main, mean_sd, trained_label_errors
 
 # 4 iterations of 30 questioner and 20 solver steps instead of 6 and 20
 LONG_QUESTIONER = ("params.questioner_steps=30", "steps=200", "eval_every=50")
@@ -83,25 +83,18 @@ def coverage_report(results: Sequence[ArmResult], here: Path, seeds: Sequence[in
              "Prism's cluster space, K = 32; mean ± sd over seeds):", "",
              "| arm | iteration | " + " | ".join(STATS.values()) + " |", "|---|---|" + "---|" * len(STATS)]
     base = base_model_coverage(seeds)
-    lines.append("| untrained questioner (M_0) | – | " + " | ".join(_fmt(base[key]) for key in STATS) + " |")
+    lines.append("| untrained questioner (M_0) | – | " + " | ".join(mean_sd(base[key]) for key in STATS) + " |")
     for r in shown:
         for it in iterations:
             lines.append(f"| {r.arm.name} | {it} | " + " | ".join(
-                _fmt(r.extra.get(f"iteration {it}/{key}", [])) for key in STATS) + " |")
+                mean_sd(r.extra.get(f"iteration {it}/{key}", [])) for key in STATS) + " |")
     _plot(shown, iterations, base, here / "curriculum.png")
     lines += ["", "Majority-vote labels the solver trained on that the arithmetic oracle says are wrong "
               "(mean ± sd over seeds):", "", "| arm | share of trained questions | share of trained samples |",
               "|---|---|---|"]
-    lines += [f"| {r.arm.name} | {_fmt(r.extra.get('trained_questions_wrong_key', []))} | "
-              f"{_fmt(r.extra.get('trained_rows_wrong_key', []))} |" for r in results if r.extra]
+    lines += [f"| {r.arm.name} | {mean_sd(r.extra.get('trained_questions_wrong_key', []))} | "
+              f"{mean_sd(r.extra.get('trained_rows_wrong_key', []))} |" for r in results if r.extra]
     return lines
-
-
-def _fmt(values: list[float]) -> str:
-    if not values:
-        return "–"
-    sd = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
-    return f"{statistics.fmean(values):.3f}{sd}"
 
 
 def _plot(results: Sequence[ArmResult], iterations: list[int], base: dict[str, list[float]], path: Path) -> None:
