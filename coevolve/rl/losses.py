@@ -70,7 +70,8 @@ def policy_loss(
         dual_clip: if set (c > 1, e.g. 3.0 in Prism's verl), the loss for A < 0 is capped at -c * A (dual-clip PPO).
         tis_cap: truncation rho_max of the TIS weight (INFUSER: 2.0). TIS is applied only when both ``tis_cap`` and
             ``rollout_logprobs`` are given (leave it off when one engine both samples and trains).
-        rollout_logprobs: [B, T] log-probs reported by the sampling engine (may differ from ``old_logprobs``).
+        rollout_logprobs: [B, T] log-probs reported by the sampling engine (may differ from ``old_logprobs``); without
+            ``tis_cap`` they only feed the ``rollout_ratio_*`` statistics.
         ref_logprobs: [B, T] log pi_ref of a frozen reference; required when ``beta`` > 0 (with ``beta`` = 0 it
             only feeds ``stats["kl_mean"]``).
         beta: k3 KL coefficient.
@@ -82,7 +83,8 @@ def policy_loss(
         (loss, stats). ``stats`` holds python values over this call's completion tokens: ``ratio_mean``,
         ``clip_frac_low`` (rho < 1 - clip_low with A < 0), ``clip_frac_high`` (rho > 1 + clip_high with A > 0),
         ``dual_clip_frac``, ``kl_mean`` (k3, 0 without a reference), ``tis_clip_frac`` (raw weight above the cap),
-        ``tis_weight_mean``, ``n_tokens``, ``n_sequences`` and ``nonfinite``: True when a masked input value, a
+        ``tis_weight_mean``, ``rollout_ratio_mean`` / ``rollout_ratio_max`` (raw pi_old / pi_rollout over completion
+        tokens, 1 without rollout log-probs: the sampler-trainer mismatch), ``n_tokens``, ``n_sequences`` and ``nonfinite``: True when a masked input value, a
         per-token ratio or loss, or the loss is NaN/inf. The loss is returned unchanged in that case; the caller must
         skip the step.
     """
@@ -123,8 +125,9 @@ def policy_loss(
     if dual_clip is not None:
         dual_active = (adv < 0) & (loss_tok > -dual_clip * adv)
         loss_tok = torch.where(dual_active, -dual_clip * adv, loss_tok)
-    if use_tis:
+    if rollout_logprobs is not None:  # pi_old / pi_rollout: 1 when one engine samples and trains
         raw_w = torch.exp(old - masked(rollout_logprobs.detach()))
+    if use_tis:
         weight = torch.clamp(raw_w, max=tis_cap)
         loss_tok = loss_tok * weight
     if ref_logprobs is not None:
@@ -169,6 +172,9 @@ def policy_loss(
             "kl_mean": mean(kl) if ref_logprobs is not None else 0.0,
             "tis_clip_frac": frac(raw_w > tis_cap) if use_tis else 0.0,
             "tis_weight_mean": mean(weight) if use_tis else 1.0,
+            "rollout_ratio_mean": mean(raw_w) if rollout_logprobs is not None else 1.0,
+            "rollout_ratio_max": float(torch.where(m, raw_w, torch.ones_like(raw_w)).max())
+            if rollout_logprobs is not None and bool(m.any()) else 1.0,
             "n_tokens": float(n_tok),
             "n_sequences": float(logprobs.shape[0]),
             "nonfinite": nonfinite,

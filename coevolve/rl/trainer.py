@@ -161,10 +161,10 @@ class PolicyTrainer:
                     continue
                 steps += 1
                 for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + v
+                    totals[k] = max(totals.get(k, v), v) if k.endswith("_max") else totals.get(k, 0.0) + v
         self.model.eval()
         self.updates_done += 1
-        result = {k: v / max(steps, 1) for k, v in totals.items()}
+        result = {k: v if k.endswith("_max") else v / max(steps, 1) for k, v in totals.items()}
         result.update(optimizer_steps=steps, skipped_steps=skipped)
         return result
 
@@ -175,6 +175,7 @@ class PolicyTrainer:
         total_tokens = sum(len(s.completion_ids) for s in batch)
         agg_totals = {"total_tokens": total_tokens, "total_sequences": len(batch)}
         stats_sum: dict[str, float] = {}
+        stats_max: dict[str, float] = {}
         loss_sum = 0.0
         for start in range(0, len(indices), st.micro_batch_size):
             idx = indices[start:start + st.micro_batch_size]
@@ -185,7 +186,7 @@ class PolicyTrainer:
                 logprobs, logprobs.detach() if old is None else old[idx, cols],
                 torch.tensor([s.advantage for s in part], dtype=torch.float32), mask,
                 clip_low=st.clip_low, clip_high=st.clip_high, tis_cap=st.tis_cap,
-                rollout_logprobs=rollout[idx, cols] if st.tis_cap else None,
+                rollout_logprobs=rollout[idx, cols],
                 ref_logprobs=ref[idx, cols] if ref is not None else None, beta=st.kl_beta,
                 agg=st.loss_agg, norm_constant=st.norm_constant, **agg_totals,
             )
@@ -197,7 +198,9 @@ class PolicyTrainer:
             loss_sum += float(loss.detach())
             share = stats["n_tokens"] / max(total_tokens, 1)  # token-level statistics, weighted by tokens
             for k, v in stats.items():
-                if k not in ("n_tokens", "n_sequences", "nonfinite"):
+                if k.endswith("_max"):
+                    stats_max[k] = max(stats_max.get(k, -math.inf), float(v))
+                elif k not in ("n_tokens", "n_sequences", "nonfinite"):
                     stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * share
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, st.grad_clip if st.grad_clip > 0 else math.inf))
@@ -206,4 +209,4 @@ class PolicyTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             return None
         self.optimizer.step()
-        return {"loss": loss_sum, "grad_norm": grad_norm, **stats_sum}
+        return {"loss": loss_sum, "grad_norm": grad_norm, **stats_sum, **stats_max}
