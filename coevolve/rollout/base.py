@@ -35,8 +35,16 @@ class Completion:
 
 
 class RolloutEngine(Protocol):
-    """Samples completions for many prompts in one call, reproducibly for a given seed."""
+    """Samples completions for many prompts in one call, reproducibly for a given seed.
+
+    An engine that holds its own copy of the weights (vLLM) loads the live model's weights itself before
+    sampling whenever they changed; one that samples from the live model (HF) has nothing to load.
+    """
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
         """Return one completion per prompt, in prompt order (repeat a prompt for a group)."""
+        ...
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Engine costs since the last call (for example ``time/weight_sync_s``); empty when there are none."""
         ...

@@ -124,6 +124,10 @@ class HFRolloutEngine:
             for i in range(batch)
         ]
 
+    def pop_metrics(self) -> dict[str, float]:
+        """Nothing to report: this engine samples from the live model, so there are no weights to sync."""
+        return {}
+
     def _hit_stop(self, token_ids: list[int], stop: Sequence[str]) -> bool:
         tail = self.tokenizer.decode(token_ids[-16:], skip_special_tokens=True)
         return any(s in tail for s in stop)
