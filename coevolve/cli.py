@@ -46,6 +46,7 @@ def run(
     from coevolve.loop import run as run_loop
     from coevolve.models import ModelNotFoundError
     from coevolve.recipes import resolve, resolve_saved
+    from coevolve.rollout.vllm_engine import EngineUnavailable, PromptTooLong, require_vllm
     from coevolve.tasks.registry import TaskDataError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -64,13 +65,17 @@ def run(
             out_dir = out or Path("runs") / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
             if (out_dir / "config.yaml").exists():
                 _fail(f"{out_dir} already holds a run: use --resume {out_dir} or another --out", 2)
+        if cfg.rollout.engine == "vllm":
+            require_vllm()
     except ConfigError as exc:
+        _fail(str(exc), 2)
+    except EngineUnavailable as exc:
         _fail(str(exc), 2)
     try:
         instance = cls(cfg, params)
         typer.echo(f"run directory: {out_dir}", err=True)
         summary = run_loop(instance, cfg, out_dir, resume=resume is not None, progress=not quiet)
-    except (ModelNotFoundError, TaskDataError, RunExistsError) as exc:
+    except (ModelNotFoundError, TaskDataError, RunExistsError, EngineUnavailable, PromptTooLong) as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
         _fail(f"interrupted; continue with: coevolve run --resume {out_dir}", 130)
@@ -96,29 +101,36 @@ def eval_(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with the benchmark files"),
     seed: int = typer.Option(0, "--seed"),
     out: Optional[Path] = typer.Option(None, "--out", help="where to write per-question results"),
+    engine_name: str = typer.Option("hf", "--engine", help="sampler: hf (transformers) or vllm (in-process vLLM)"),
 ) -> None:
     """Evaluate a model or a run's checkpoint on evaluation sets (options override the preset)."""
+    from coevolve.config import SamplingConfig
     from coevolve.evaluation.benchmarks import BenchmarkDataNotFound
     from coevolve.evaluation.harness import EVAL_PRESETS, evaluate
     from coevolve.models import ModelNotFoundError
     from coevolve.recipes import default_eval_sets
-    from coevolve.rollout.hf import HFRolloutEngine
+    from coevolve.rollout import make_engine
+    from coevolve.rollout.vllm_engine import EngineUnavailable, require_vllm
     from coevolve.store import load_run_policy
 
     if preset not in EVAL_PRESETS:
         _fail(f"unknown evaluation preset {preset!r} (known: {', '.join(EVAL_PRESETS)})", 2)
+    if engine_name not in ("hf", "vllm"):
+        _fail(f"unknown engine {engine_name!r} (known: hf, vllm)", 2)
     try:
+        if engine_name == "vllm":
+            require_vllm()
         policy, default_sets, label = load_run_policy(target, checkpoint)
-    except (ModelNotFoundError, FileNotFoundError) as exc:
+    except (ModelNotFoundError, FileNotFoundError, EngineUnavailable) as exc:
         _fail(str(exc))
     set_names = [s.strip() for s in sets.split(",")] if sets else (default_sets or default_eval_sets("arith"))
     out_dir = out or (Path(target) / "eval" / label if Path(target, "config.yaml").exists() else None)
-    engine = HFRolloutEngine(policy.model, policy.tokenizer, eos_token_ids=policy.eos_token_ids)
+    engine = make_engine(policy, SamplingConfig(engine=engine_name), seed=seed)
     try:
         summaries = evaluate(policy, engine, set_names, preset=preset, n_samples=n, k=k, temperature=temperature,
                              top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed,
                              data_dir=str(data_dir) if data_dir else None, out_dir=out_dir, progress=True)
-    except (BenchmarkDataNotFound, KeyError, ValueError) as exc:
+    except (BenchmarkDataNotFound, KeyError, ValueError, EngineUnavailable) as exc:
         _fail(str(exc).strip("'\""))
     for name, s in summaries.items():
         extras = "  ".join(f"{key} {val:.3f}" for key, val in s.items()

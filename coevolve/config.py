@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
+VLLM_DEFAULT_TIS_CAP = 2.0  # rho_max of TIS when vLLM samples (INFUSER's 2.0; verl's recommended value)
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(nan|inf)", re.IGNORECASE)
 
 
@@ -26,14 +27,25 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class VLLMConfig(Strict):
+    """The in-process vLLM engine (``rollout.engine: vllm``), one per policy that samples."""
+
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="CUDA: share of GPU memory per engine")
+    kv_cache_gib: float = Field(0.5, gt=0, description="CPU: KV-cache size per engine, GiB")
+    max_model_len: int | None = Field(None, gt=0, description="context in tokens; default min(model's, 4096)")
+    sleep: bool = Field(True, description="CUDA: free the engine's weights and KV cache while the trainer runs")
+
+
 class SamplingConfig(Strict):
     """Rollout sampling for training (evaluation has its own settings)."""
 
+    engine: Literal["hf", "vllm"] = Field("hf", description="hf: our transformers token loop; vllm: in-process vLLM")
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     max_new_tokens: int = Field(64, gt=0)
-    batch_size: int = Field(64, gt=0, description="prompts per forward pass while sampling")
+    batch_size: int = Field(64, gt=0, description="hf engine: prompts per forward pass while sampling")
+    vllm: VLLMConfig = VLLMConfig()
 
 
 class LoraSettings(Strict):
@@ -54,7 +66,8 @@ class TrainConfig(Strict):
     epochs: int = Field(1, gt=0)
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.2, ge=0)
-    tis_cap: float | None = Field(None, gt=0)
+    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap; "
+                                  "default 2.0 with rollout.engine=vllm, off with hf")
     kl_beta: float = Field(0.0, ge=0)
     loss_agg: Literal["seq_mean", "token_sum_norm", "token_mean"] = "seq_mean"
     norm_constant: int | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
@@ -81,6 +94,13 @@ class RunConfig(Strict):
     checkpoint_every: int = Field(1, gt=0)
     keep_checkpoints: int = Field(2, gt=0)
     params: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _sampler_mismatch_needs_tis(self) -> "RunConfig":
+        """vLLM's log-probs are not the trainer's: correct for the mismatch with TIS unless a cap is set."""
+        if self.rollout.engine == "vllm" and self.train.tis_cap is None:
+            self.train.tis_cap = VLLM_DEFAULT_TIS_CAP
+        return self
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

