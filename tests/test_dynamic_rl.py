@@ -75,14 +75,15 @@ ARITH_SCRIPT = {
 # S_q on characters: S(q0,q1) = 3/3 ("1+2" is a prefix of "1+2*3"), S(q0,q2) = S(q1,q2) = 1/3 (last of "1+2" vs "5-2"),
 # the empty q3 resembles nothing:  R_dq = [1/(1+1+1/3), 1/(1+1+1/3), 1/(1+1/3+1/3), 1] = [3/7, 3/7, 3/5, 1]
 # labels 3, 7, 3, NONE:            R_da = [1/2, 1, 1/2, 1]
-R_Q, R_DQ, R_DA = [1.0, 0.0, 1 / 3, 0.0], [3 / 7, 3 / 7, 3 / 5, 1.0], [0.5, 1.0, 0.5, 1.0]
+# q3 is malformed, so it takes the minimum over q0-q2 of each diversity term (our reading): R_dq 3/7, R_da 1/2.
+R_Q, R_DQ, R_DA = [1.0, 0.0, 1 / 3, 0.0], [3 / 7, 3 / 7, 3 / 5, 3 / 7], [0.5, 1.0, 0.5, 0.5]
 # Z(R_q):  mean 1/3, centred [2/3, -1/3, 0, -1/3], unbiased std sqrt((6/9)/3) = 0.471405 -> [1.414214, -0.707107, 0, -0.707107]
-# Z(R_dq): mean 0.614286, centred [-0.185714, -0.185714, -0.014286, 0.385714], std sqrt(0.217959/3) = 0.269542
-#          -> [-0.688999, -0.688999, -0.053000, 1.430998]
-# Z(R_da): mean 3/4, centred +-1/4, std sqrt(0.25/3) = 0.288675 -> [-0.866025, 0.866025, -0.866025, 0.866025]
-# A_q = 1e-3 Z(R_q) + 0.1 Z(R_dq) + 1 Z(R_da):
-A_Q = [0.001414 - 0.068900 - 0.866025, -0.000707 - 0.068900 + 0.866025, -0.005300 - 0.866025,
-       -0.000707 + 0.143100 + 0.866025]  # = [-0.933511, 0.796418, -0.871325, 1.008418]
+# Z(R_dq): three values a = 3/7 and one b = 3/5, d = b - a: centred [-d/4, -d/4, 3d/4, -d/4], unbiased std d/2
+#          -> [-1/2, -1/2, 3/2, -1/2]
+# Z(R_da): three 1/2 and one 1 (q1), same shape -> [-1/2, 3/2, -1/2, -1/2]
+# A_q = 1e-3 Z(R_q) + 0.1 Z(R_dq) + 1 Z(R_da): the malformed q3 now has the lowest question advantage
+A_Q = [0.001414 - 0.05 - 0.5, -0.000707 - 0.05 + 1.5, 0.15 - 0.5,
+       -0.000707 - 0.05 - 0.5]  # = [-0.548586, 1.449293, -0.35, -0.550707]
 # A_s (unbiased std within each question): q0 mean 3/4, std 1/2 -> [.5 .5 .5 -1.5]; q1 zero variance -> 0;
 # q2 mean 1/4, std 1/2 -> [1.5 -.5 -.5 -.5]
 A_S = [[0.5, 0.5, 0.5, -1.5], [0.0] * 4, [1.5, -0.5, -0.5, -0.5]]
@@ -111,6 +112,7 @@ def test_one_step_by_hand(canned_arith):
     for term, want in (("R_q", R_Q), ("R_dq", R_DQ), ("R_da", R_DA)):
         assert [g["reward_terms"][term] for g in gens] == pytest.approx(want)
     assert [g["advantage"] for g in gens] == pytest.approx(A_Q, abs=1e-5)
+    assert min(range(4), key=lambda i: gens[i]["advantage"]) == 3  # the output with no question ranks last
     assert [g["reward"] for g in gens] == pytest.approx(
         [1e-3 * q + 0.1 * dq + da for q, dq, da in zip(R_Q, R_DQ, R_DA)])
     assert [s["answer"] for s in sols] == ["3", "3", "3", "4", "7", "7", "7", "7", "3", "2", None, "9"]
@@ -132,13 +134,16 @@ def test_one_step_by_hand(canned_arith):
     assert all(s.prompt_ids == z0_ids for s in batches[0][:4])
     assert all(s.prompt_ids != z0_ids for s in batches[0][4:])
     m = out.metrics
-    assert m["reward/R_q"] == pytest.approx(1 / 3) and m["reward/R_da"] == pytest.approx(0.75)
+    assert m["reward/R_q"] == pytest.approx(1 / 3) and m["reward/R_da"] == pytest.approx(0.625)
     assert m["reward/R_s"] == pytest.approx(8 / 12) and m["solver/reward_mean"] == pytest.approx(8 / 12)
     assert m["generator/reward_mean"] == pytest.approx(sum(g["reward"] for g in gens) / 4)
     assert m["questions/valid_rate"] == 0.75 and m["questions/filtered_rate"] == 0.25
     assert m["questions/solve_rate_mean"] == pytest.approx(2 / 3) and m["questions/all_agree_rate"] == pytest.approx(1 / 3)
     assert m["questions/unique_label_ratio"] == pytest.approx(0.75)  # classes 3, 7, NONE among 4 labels
     assert m["solver/none_rate"] == pytest.approx(1 / 12)
+    assert m["generator/advantage_abs_mean"] == pytest.approx(sum(abs(a) for a in A_Q) / 4, abs=1e-5)
+    assert m["solver/advantage_abs_mean"] == pytest.approx(sum(abs(a) for a in sum(A_S, [])) / 12, abs=1e-5)
+    assert m["policy/optimizer_steps"] == 1  # paper's step: one whole-batch AdamW step
     assert m["tokens/generator"] == sum(g["tokens"] for g in gens)
     assert m["tokens/solver"] == sum(s["tokens"] for s in sols)
     assert {"time/generate_s", "time/solve_s", "time/reward_s", "time/update_s", "policy/loss"} <= set(m)

@@ -9,7 +9,7 @@ import pytest
 from coevolve.grading.vote import majority_vote
 from coevolve.rewards.difficulty import solvability_edge, tent_reward, triangular_solvability
 from coevolve.rewards.filters import filter_reasons, is_multi_part, is_proof, leaks_solution
-from coevolve.rewards.similarity import answer_diversity, question_diversity, token_overlap
+from coevolve.rewards.similarity import answer_diversity, malformed_floor, question_diversity, token_overlap
 from coevolve.rl.advantages import decomposed_advantages
 
 # --- tent (Eq. 8) ---------------------------------------------------------------------------------------------------
@@ -195,3 +195,14 @@ def test_rule_3_leaked_solutions():
     assert not leaks_solution("What is the solution of 2x + 3 = 7?")  # case-sensitive: "solution" alone is fine
     assert filter_reasons("Prove 1+1=2. Find x and the y? Solution: 2") == ["proof", "multi_part", "leak"]
     assert filter_reasons("Solve the equation 2x + 3 = 7.") == []
+
+
+def test_malformed_outputs_take_the_batch_minimum_of_a_diversity_term():
+    # R_dq of [q0, empty, q1, empty]: the empty ones resemble nothing, so Eq. 10 gives them 1, the batch maximum
+    raw = question_diversity([[1, 2, 3], [], [1, 2, 4], []])  # S(q0, q1) = 2/3 -> 1/(1 + 2/3) = 3/5 each
+    assert raw == pytest.approx([0.6, 1.0, 0.6, 1.0])
+    assert malformed_floor(raw, [False, True, False, True]) == pytest.approx([0.6, 0.6, 0.6, 0.6])
+    assert malformed_floor([0.5, 1.0, 0.25], [False, False, True]) == [0.5, 1.0, 0.5]
+    assert malformed_floor([1.0, 1.0], [True, True]) == [1.0, 1.0]  # nothing well-formed: unchanged
+    with pytest.raises(ValueError):
+        malformed_floor([1.0], [True, False])

@@ -13,6 +13,13 @@ Algorithm 1 of the paper, one step (spec: shared/spec/dynamic_rl.md §3):
        the question tokens; A_s = lambda_s z-score of R_s over the m solutions of a question, on the solution tokens.
 
 Malformed outputs (no question) are filtered, kept in the n-question statistics and not solved (spec §13 item 3).
+Our reading where the paper is silent: a malformed output's R_dq and R_da are the batch minimum over the well-formed
+questions (:func:`coevolve.rewards.similarity.malformed_floor`); by Eq. 10 its empty text would otherwise have the
+batch's highest R_dq and so the highest question advantage.
+
+Step structure: the paper names no PPO mini-batches or epochs; ``paper`` takes one whole-batch AdamW step per step,
+1 epoch (spec §7, inferred from the BNPO recipe), which also keeps Eq. 14's two means exact (``loss_terms``).
+``policy/optimizer_steps`` logs the steps taken, ``<role>/advantage_abs_mean`` the advantage scale per role.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput,
                                    step_seed, train_samples)
 from coevolve.rewards.difficulty import tent_reward
 from coevolve.rewards.filters import FILTER_RULES, filter_reasons
-from coevolve.rewards.similarity import answer_diversity, question_diversity
+from coevolve.rewards.similarity import answer_diversity, malformed_floor, question_diversity
 from coevolve.rl.advantages import decomposed_advantages
 from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion
@@ -132,7 +139,8 @@ class DynamicRL(Recipe):
         "paper": {  # §3.1 / spec §7; the paper's models are Qwen2.5-Math-1.5B/7B (--set model=...)
             "model": "smollm2-135m", "task": "math", "steps": 1260,
             "rollout": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 3072},
-            "train": {"lr": 1e-6, "kl_beta": 0.0, "grad_clip": 1.0, "micro_batch_size": 4},
+            "train": {"lr": 1e-6, "kl_beta": 0.0, "grad_clip": 1.0, "micro_batch_size": 4, "mini_batch_size": 0,
+                      "epochs": 1},
             "params": {"n": 32, "m": 16, "tau": 0.75, "lambda_q": 1e-3, "lambda_dq": 0.1, "lambda_da": 1.0,
                        "lambda_s": 1.0, "question_max_tokens": 1024},
             "eval_sets": ["math500", "gsm8k"], "eval_limit": 100, "eval_max_new_tokens": 3072, "eval_every": 50,
@@ -179,8 +187,11 @@ class DynamicRL(Recipe):
                 q.vote = majority_vote(q.answers, self.equivalent)  # line 5: l(q), r(q) (Eq. 4, 5)
                 q.solution_rewards = [float(agree) for agree in q.vote.agree]  # line 6: R_s (Eq. 6)
             r_q = [tent_reward(q.solve_rate, p.tau) for q in questions]  # line 7: R_q (Eq. 7, 8)
-            r_dq = question_diversity([self.question_tokens(q.text) for q in questions])  # line 8: R_dq (Eq. 10, 11)
-            r_da = answer_diversity([q.label for q in questions], self.equivalent)  # line 9: R_da (Eq. 12)
+            malformed = [q.text is None for q in questions]
+            r_dq = malformed_floor(question_diversity([self.question_tokens(q.text) for q in questions]),
+                                   malformed)  # line 8: R_dq (Eq. 10, 11)
+            raw_da = answer_diversity([q.label for q in questions], self.equivalent)
+            r_da = malformed_floor(raw_da, malformed)  # line 9: R_da (Eq. 12)
             for q, *terms in zip(questions, r_q, r_dq, r_da):
                 q.rewards = dict(zip(QUESTION_TERMS, terms))
                 q.filtered = self.filter_rules(q.text)  # line 10: R_q <- 0, R_s <- 0 for filtered questions
@@ -189,7 +200,8 @@ class DynamicRL(Recipe):
             self.advantages(questions)  # line 11: advantage decomposition (Eq. 14)
         with timer("update"):  # line 11: one update of the policy on both roles
             stats = self.trainer.update(self.train_batch(questions))
-        return StepOutput(metrics={**self.step_metrics(questions), **role_metrics("policy", stats), **timer},
+        metrics = {**self.step_metrics(questions), "questions/unique_label_ratio": sum(raw_da) / p.n}  # Fig. 6: classes / n
+        return StepOutput(metrics={**metrics, **role_metrics("policy", stats), **timer},
                           samples=self.records(step, questions))
 
     # --- the pieces of a step ---------------------------------------------------------------------------------
@@ -248,7 +260,7 @@ class DynamicRL(Recipe):
         return sum(self.weights[t] * q.rewards[t] for t in QUESTION_TERMS)
 
     def step_metrics(self, questions: list[GeneratedQuestion]) -> dict[str, Any]:
-        """Mean rewards (Fig. 4), validity and filter rates, difficulty, label diversity (Fig. 6), tokens."""
+        """Mean rewards (Fig. 4), validity and filter rates, difficulty, advantage scale, tokens."""
         n = len(questions)
         posed = [q for q in questions if q.text is not None]
         r_s = [r for q in questions for r in q.solution_rewards]
@@ -265,8 +277,9 @@ class DynamicRL(Recipe):
             "questions/solve_rate_mean": mean([q.solve_rate for q in posed]),
             "questions/all_agree_rate": mean([float(q.vote.support == len(q.answers)) for q in posed]),
             "questions/duplicate_rate": (len(texts) - len(set(texts))) / len(texts) if texts else float("nan"),
-            "questions/unique_label_ratio": sum(q.rewards["R_da"] for q in questions) / n,  # classes / n
             "solver/none_rate": mean([float(a is None) for a in answers]),
+            "generator/advantage_abs_mean": mean([abs(q.advantage) for q in questions]),
+            "solver/advantage_abs_mean": mean([abs(a) for q in questions for a in q.solution_advantages]),
             "tokens/generator": sum(len(q.output.token_ids) for q in questions),
             "tokens/solver": sum(len(s.token_ids) for q in questions for s in q.solutions),
         }

@@ -8,6 +8,8 @@ Because the sum includes S(x, x) = 1, R_d lies in [1/K, 1] and equals 1 exactly 
 - Answer diversity R_da (Eq. 12) uses the answer equivalence S_a: 1 / (number of majority answers in the batch
   equivalent to this one). Missing labels (None) form one shared class (spec §13 item 4), so questions without an
   answer penalise each other rather than each scoring 1.
+- :func:`malformed_floor` (our reading, not the paper's): an output with no question gets the batch minimum of a
+  diversity term; its empty text resembles nothing, so Eq. 10 would otherwise give it the largest R_dq of the batch.
 """
 
 from __future__ import annotations
@@ -52,3 +54,19 @@ def answer_diversity(labels: Sequence[str | None], equivalent: Equivalence | Non
     classes = majority_vote(labels, equivalent).classes  # -1 for a missing label: the shared NONE class
     sizes = Counter(classes)
     return [1.0 / sizes[c] for c in classes]
+
+
+def malformed_floor(values: Sequence[float], malformed: Sequence[bool]) -> list[float]:
+    """A diversity term with each malformed output's value replaced by the minimum over the well-formed outputs.
+
+    The paper does not say what a malformed output (no question) scores; by Eq. 10 its empty text overlaps nothing,
+    so its R_dq would be the batch maximum and, z-scored, the largest question advantage. Flooring it (R_dq and R_da
+    alike) ranks it last on diversity. With no well-formed output the values are returned unchanged.
+    """
+    if len(values) != len(malformed):
+        raise ValueError(f"{len(values)} values for {len(malformed)} malformed flags")
+    kept = [v for v, bad in zip(values, malformed) if not bad]
+    if not kept:
+        return list(values)
+    floor = min(kept)
+    return [floor if bad else v for v, bad in zip(values, malformed)]
