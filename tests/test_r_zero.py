@@ -186,13 +186,49 @@ def test_resume_reproduces_a_straight_run(tmp_path, random_model_dir):
 
 
 def test_presets_resolve():
-    for preset in ("small", "paper", "reference_code"):
+    for preset in ("small", "paper", "reference_code", "prism_code"):  # values: tests/test_presets.py
         config, params, _ = resolve("r_zero", preset=preset)
-        assert config.steps == 4 * (params.questioner_steps + params.solver_steps)
-    _, code, _ = resolve("r_zero", preset="reference_code")
-    assert code.band == [0.3, 0.8] and code.reward_form == "code" and code.solver_steps == 50
-    _, paper, _ = resolve("r_zero", preset="paper")
-    assert paper.band == [0.25, 0.75] and paper.advantage == "dr_grpo" and paper.score_samples == 10
+        assert config.steps % (params.questioner_steps + params.solver_steps) == 0  # whole iterations
+
+
+def test_optimizer_steps_per_role_follow_mini_batches_and_epochs(random_model_dir):
+    recipe, _ = make("r_zero", random_model_dir, "params.questioner_mini_batch_size=1", "params.questioner_epochs=2",
+                     "params.solver_mini_batch_size=3", "params.solver_epochs=3", "params.pool_size=4")
+    stub_questions(recipe, ["1+2", "2+2", "3+3", "4+4"])
+    stub_labels(recipe, [["1", "1", "2", "3"]] * 100)  # p = 1/2 everywhere: in the band, every pool question kept
+    out = recipe.step(1)  # 2 prompts x 2 outputs = 4 sequences, one per AdamW step, 2 epochs
+    assert (out.metrics["questioner/optimizer_steps"], out.metrics["solver/optimizer_steps"]) == (8, 0)
+    out = recipe.step(3)  # 2 questions x 2 rollouts = 4 sequences in mini-batches of 3 and 1, 3 epochs
+    assert (out.metrics["questioner/optimizer_steps"], out.metrics["solver/optimizer_steps"]) == (0, 6)
+    assert recipe.solver_trainer.settings.mini_batch_size == 3 and recipe.questioner_trainer.settings.epochs == 2
+
+
+def test_unset_role_settings_are_the_runs_train_settings(random_model_dir):
+    recipe, _ = make("r_zero", random_model_dir, "train.mini_batch_size=5", "train.epochs=3",
+                     "params.solver_epochs=1")
+    assert (recipe.questioner_trainer.settings.mini_batch_size, recipe.questioner_trainer.settings.epochs) == (5, 3)
+    assert (recipe.solver_trainer.settings.mini_batch_size, recipe.solver_trainer.settings.epochs) == (5, 1)
+
+
+def test_advantage_scale_and_warnings(random_model_dir, caplog):
+    recipe, _ = make("r_zero", random_model_dir, "params.pool_size=2")
+    stub_questions(recipe, ["1+2", "1+2", "3*4", "5-1"])
+    stub_labels(recipe, [["3", "3"], ["3", "3"], ["12", "7"], ["4", "4"]])  # group 2's rewards: 0.75, 0
+    with caplog.at_level("WARNING", logger="coevolve.recipes.r_zero"):
+        out = recipe.step(1)
+    # group 1 all 0; group 2 (0.75, 0): mean 0.375, unbiased std 0.75/sqrt(2) -> +-1/sqrt(2)
+    assert out.metrics["questioner/advantage_abs_mean"] == pytest.approx(2 ** -0.5 / 2, rel=1e-5)
+    assert out.metrics["questioner/zero_variance_rate"] == 0.5 and not caplog.records
+    stub_labels(recipe, [["3", "3"]] * 100)  # p = 1 everywhere: every reward 0, and nothing in the pool band
+    with caplog.at_level("WARNING", logger="coevolve.recipes.r_zero"):
+        out = recipe.step(2)
+        assert out.metrics["questioner/zero_variance_rate"] == 1.0
+        assert [r.getMessage() for r in caplog.records] == [
+            "step 2: every questioner group has zero reward variance (all advantages 0)"]
+        caplog.clear()
+        out = recipe.step(3)
+    assert out.metrics["pool/size"] == 0 and out.metrics["solver/optimizer_steps"] == 0
+    assert [r.getMessage() for r in caplog.records] == ["step 3: the solver pool of iteration 1 is empty; no solver update"]
 
 
 def test_cli_run_and_resume(tmp_path, random_model_dir):

@@ -64,6 +64,11 @@ def test_band_and_pool_filters():
     assert pool_filter_reasons("Prove that 7 is prime.", "7") == ["proof"]
     assert pool_filter_reasons("Show that x=1 and put it in a box", "1") == ["proof", "box"]
     assert pool_filter_reasons("Is 4 even?", "\\text{yes}") == ["text_answer"]
+    # R-Zero's code lower-cases before its box / text checks; its only proof rule is "证明"
+    assert pool_filter_reasons("Put the result in a BOX.", "1") == ["box"]
+    assert pool_filter_reasons("Is 4 even?", "\\TEXT{yes}") == ["text_answer"]
+    assert pool_filter_reasons("Prove that 7 is prime.", "7", english_proofs=False) == []
+    assert pool_filter_reasons("证明 7 是质数", "7", english_proofs=False) == ["proof"]
 
 
 @pytest.mark.parametrize("p, expected", [

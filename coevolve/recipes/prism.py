@@ -31,12 +31,27 @@ Where the paper and its spec settle a gap differently, or the paper disagrees wi
 Presets. ``paper``: Appendix A on the one offline chat model (GPU-scale), K = 128, lambda = 5, gamma = 0.99,
 alpha = 1, the cluster space built from the MATH test problems that are not in MATH-500 (the paper's "MATH training
 split" is not available offline; spec §13 #1), mean-only advantages (eq. 2). ``reference_code``: the released code's
-differences as for ``r_zero`` (lr 1e-6, 50 solver steps, 2 PPO epochs, clip 0.2/0.3, std-normalised advantages,
-pool p over answered samples, solver format term 0.1) with the corpus GSM8K train (its second corpus; MATH train is
-not offline). Not reproduced: the code's un-normalised centroids at training time and its warm start from the
-previous pool's integer histogram (spec §13 #2, #11: the spec recommends the paper's forms), its cluster-balanced
-pool option, and the KL reference (M_0 here, see ``r_zero``). The encoder is all-MiniLM-L6-v2, not
-Qwen3-Embedding-0.6B.
+differences as for ``r_zero``'s ``prism_code`` (lr 1e-6, 50 solver steps, clip 0.2/0.3, weight decay 0.01,
+std-normalised advantages, pool p over answered samples, solver format term 0.1, no "prove" rule) with the corpus GSM8K
+train (its second corpus; MATH train is not offline). Not reproduced: the code's un-normalised centroids at training
+time and its warm start from the previous pool's integer histogram (spec §13 #2, #11: the spec recommends the paper's
+forms), its cluster-balanced pool option, and the KL reference (M_0 here, see ``r_zero``). The encoder is
+all-MiniLM-L6-v2, not Qwen3-Embedding-0.6B.
+
+Step structure (optimizer steps per loop step). The paper gives none, so both presets take its scripts' (verl):
+
+==============  ==================================================================  ====================
+role            one step of Prism's scripts                                          here (sequences)
+==============  ==================================================================  ====================
+questioner      512 prompts x 4 outputs, mini-batches of 16 prompts, 2 PPO epochs:   mini-batch 64,
+                64 AdamW steps                                                      2 epochs
+solver          512 pool questions x 8 rollouts, mini-batches of 128 questions,      mini-batch 1024,
+                2 PPO epochs: 8 AdamW steps                                         2 epochs
+==============  ==================================================================  ====================
+
+Advantage scale. Prism's reward reaches 1 + lambda = 6 where R-Zero's stays at or below 1; under mean-only
+advantages (``paper``) lambda so scales the questioner's step as well as its bonus, under std-normalised ones
+(``small``, ``reference_code``) it does not. ``questioner/advantage_abs_mean`` logs the scale a step trained with.
 
 ``small`` (tiny-arith): 2 000 generated arithmetic questions, K = 32 (spec §12.4); gamma = 0.95 so that
 (1 - gamma) |A| / (K alpha), the share of the prior one step adds, is about 0.05-0.1 at 64 questions per step (with
@@ -57,7 +72,8 @@ from pydantic import Field
 from coevolve.analytics.diversity import cluster_stats
 from coevolve.embeddings import ClusterSpace, embed
 from coevolve.recipes.base import mean, register
-from coevolve.recipes.r_zero import _CODE_TRAIN, _PAPER_PARAMS, _PAPER_SCALE, Question, RZero, RZeroParams
+from coevolve.recipes.r_zero import (_PAPER_PARAMS, _PAPER_SCALE, _PRISM_CODE, _PRISM_CODE_PARAMS, Question, RZero,
+                                     RZeroParams)
 from coevolve.rewards.coverage import CoverageCounts, ReferenceCorpus, cluster_space_for, prism_reward, zpd_gate
 from coevolve.rewards.uncertainty import in_band
 
@@ -93,10 +109,8 @@ class Prism(RZero):
                   "params": {"gamma": 0.95}},
         "paper": {**_PAPER_SCALE, "params": {**_PAPER_PARAMS, "advantage": "dr_grpo", "k": 128,
                                              "reference_corpus": "math_minus_math500"}},
-        "reference_code": {**_PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
-                           "train": {**_PAPER_SCALE["train"], **_CODE_TRAIN},
-                           "params": {**_PAPER_PARAMS, "solver_steps": 50, "pool_p_denominator": "answered",
-                                      "solver_format_weight": 0.1, "k": 128, "reference_corpus": "gsm8k_train"}},
+        "reference_code": {**_PRISM_CODE, "params": {**_PRISM_CODE_PARAMS, "k": 128,
+                                                     "reference_corpus": "gsm8k_train"}},
     }
 
     def __init__(self, config, params: PrismParams):

@@ -19,24 +19,48 @@ Solver phase (``solver_steps`` = 20 GRPO steps): S_t <- S_{t-1}; each step draws
 
 One loop step is one GRPO update of one role: step s lies in iteration (s-1) // (S_Q + S_S) + 1, its first S_Q steps
 train the Questioner, the rest the Solver; ``steps`` = T * (S_Q + S_S) (T = 4: 104 steps). The pool and the
-iteration's state are in ``state_dict``, so a run resumes at any step.
+iteration's state are in ``state_dict``, so a run resumes at any step. Each step logs ``<role>/optimizer_steps`` (0
+for the idle role) and ``<role>/advantage_abs_mean``, and warns once when every questioner group has zero reward
+variance or the solver's pool is empty.
 
-Paper vs code (presets ``paper`` / ``reference_code``; spec §4.2, §4.8, §13):
+Presets (spec §4.2, §4.8, §13): ``paper`` is R-Zero as Prism's paper runs it (App. A), with what the paper leaves
+open taken from Prism's scripts, which produced its R-Zero numbers; ``reference_code`` is R-Zero's own repository
+(EasyR1 scripts and reward code); ``prism_code`` is the R-Zero baseline of Prism's scripts (verl). A "step" of these
+codes is one rollout batch split into PPO mini-batches and epochs; our trainer's ``mini_batch_size`` counts sequences
+(prompts x samples), so the tables give both.
 
-=====================  ====================================  ==========================================
-item                   ``paper``                             ``reference_code``
-=====================  ====================================  ==========================================
-questioner reward      max(0, r_unc - r_rep), bad format 0   min(p, 1-p) - r_rep, bad format -1 - r_rep
-pool band              [0.25, 0.75] (recalled in the spec)   [0.3, 0.8]
-pool p denominator     all m_l samples                       samples with an answer (§13 #14)
-advantage              r - mean (``dr_grpo``)                (r - mean) / (std + 1e-6) (``grpo``)
-solver reward          agreement                             0.9 agreement + 0.1 format
-lr, solver steps       5e-6, 20                              1e-6, 50; 2 PPO epochs, clip 0.2/0.3, wd 0.01
-=====================  ====================================  ==========================================
+===========================  ===========================  ===========================  ===========================
+item                         ``paper``                    ``reference_code``           ``prism_code``
+===========================  ===========================  ===========================  ===========================
+iterations x (S_Q + S_S)     4 x (6 + 20)                 5 x (5 + 15) (a)             4 x (6 + 50)
+questioner step              512 x 4 outputs; mini-       512 x 4; mini-batches of     as ``paper``
+                             batches of 16 prompts (64    16 prompts (64 seq.),
+                             seq.), 2 epochs: 64 AdamW    1 epoch: 32 AdamW steps
+                             steps
+solver step                  512 questions x 8; mini-     512 questions x 5; mini-     as ``paper``
+                             batches of 128 questions     batches of 128 questions
+                             (1024 seq.), 2 epochs: 8     (640 seq.), 1 epoch: 4
+                             AdamW steps                  AdamW steps
+questioner reward            max(0, r_unc - r_rep),       min(p, 1-p) - r_rep,         as ``reference_code``
+                             bad format 0                 bad format -1 - r_rep
+pool labels m_l; p over      8; all samples               9; all samples (b)           8; answered (§13 #14)
+pool band                    [0.25, 0.75] (spec recalls)  [0.3, 0.8]                   [0.3, 0.8]
+"prove" / "show that" drop   yes (spec §13 #15)           no ("证明" only)              no ("证明" only)
+advantage                    r - mean (``dr_grpo``)       (r - mean)/(std + 1e-6)      (r - mean)/(std + 1e-6)
+solver reward                agreement                    0.9 agreement + 0.1 format   0.9 agreement + 0.1 format
+lr; KL; weight decay; clip   5e-6; 1e-4; 0; 0.2/0.2       1e-6; 1e-2; 0.01; 0.2/0.3    1e-6; 1e-4; 0.01; 0.2/0.3
+===========================  ===========================  ===========================  ===========================
+
+(a) R-Zero's scripts train 6 questioner and 20 solver steps and keep the step-5 and step-15 checkpoints; at their
+constant lr those are the weights after 5 and 15 steps, so that is what runs here. (b) The unboxed samples count in the
+denominator, as in R-Zero's labelling script (there an unboxed sample is the answer "None", which can win the vote and
+is then dropped; here it never forms the majority). Its box / text checks ignore case (here for every preset).
+``small`` takes one full-batch AdamW step per step for both roles (``*_mini_batch_size`` / ``*_epochs`` unset: the
+run's ``train.mini_batch_size`` / ``train.epochs``).
 
 Not reproduced: the KL reference is the base model M_0 for both roles throughout (the trainer's frozen copy; verl
-resets it to each phase's initial weights, which a resumed run could not rebuild from its checkpoints); the code's
-separate top_p for the pool (0.95) and questioner training (0.99); its use of the step-5/step-15 checkpoints.
+resets it to each phase's initial weights, which a resumed run could not rebuild from its checkpoints); the codes'
+separate top_p for the pool (0.95) and training rollouts (0.99), and Prism's cosine lr warm-up.
 The chat prompts fold R-Zero's system text into the user turn; the solver prompt is the harness's
 (``coevolve.tasks.math``). tiny-arith (``small``): the questioner prompt is ``W:`` and its output ``Q:<expression>``
 (valid = it parses; the compact writer states no answer), BLEU runs on characters, and the schedule is the paper's
@@ -46,6 +70,7 @@ The chat prompts fold R-Zero's system text into the user turn; the solver prompt
 from __future__ import annotations
 
 import copy
+import logging
 import random
 import re
 from dataclasses import dataclass, field, replace
@@ -61,11 +86,13 @@ from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput,
                                    step_seed, train_samples)
 from coevolve.rewards.uncertainty import (BleuTokens, RZeroForm, in_band, pool_filter_reasons, repetition_penalty,
                                           rzero_reward, uncertainty_reward)
-from coevolve.rl.advantages import compute_advantages
+from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
 from coevolve.rl.trainer import PolicyTrainer
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
 from coevolve.tasks.registry import get_task
+
+log = logging.getLogger(__name__)
 
 # R-Zero's questioner prompt (spec §5; system text folded into the user turn).
 QUESTIONER_PROMPT = (
@@ -89,9 +116,34 @@ _PAPER_SCALE = {
     "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 1024,
 }
+# Prism's scripts (verl; spec §7 and issue 11): per questioner step 512 prompts x 4 outputs in mini-batches of 16
+# prompts, per solver step 512 questions x 8 rollouts in mini-batches of 128 questions, 2 PPO epochs each.
+_PRISM_STEPS = {"questioner_mini_batch_size": 16 * 4, "questioner_epochs": 2,
+                "solver_mini_batch_size": 128 * 8, "solver_epochs": 2}
 _PAPER_PARAMS = {"questioner_prompts": 512, "questioner_group": 4, "score_samples": 10, "pool_size": 8000,
-                 "label_samples": 8, "solver_questions": 128, "solver_group": 8, "question_max_tokens": 4096}
-_CODE_TRAIN = {"lr": 1e-6, "epochs": 2, "clip_low": 0.2, "clip_high": 0.3, "weight_decay": 0.01}
+                 "label_samples": 8, "solver_questions": 512, "solver_group": 8, "question_max_tokens": 4096,
+                 **_PRISM_STEPS}
+# Prism's released code where it differs from its paper (both recipes).
+_PRISM_CODE = {
+    **_PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
+    "train": {**_PAPER_SCALE["train"], "lr": 1e-6, "clip_low": 0.2, "clip_high": 0.3, "weight_decay": 0.01},
+}
+_PRISM_CODE_PARAMS = {**_PAPER_PARAMS, "solver_steps": 50, "pool_p_denominator": "answered",
+                      "solver_format_weight": 0.1, "filter_prove": False}
+# R-Zero's own repository (EasyR1 config and scripts): 5 iterations, questioner 512 prompts x 4 in mini-batches of
+# 16 prompts, solver 512 questions x 5 in mini-batches of 128 questions, 1 PPO epoch, KL (low_var_kl) 1e-2.
+_RZERO_CODE = {
+    **_PAPER_SCALE, "steps": 5 * (5 + 15), "eval_every": 20,
+    "rollout": {**_PAPER_SCALE["rollout"], "max_new_tokens": 4096},
+    "train": {**_PAPER_SCALE["train"], "lr": 1e-6, "kl_beta": 1e-2, "clip_low": 0.2, "clip_high": 0.3,
+              "weight_decay": 0.01},
+    "params": {"questioner_steps": 5, "solver_steps": 15, "questioner_prompts": 512, "questioner_group": 4,
+               "score_samples": 10, "pool_size": 8000, "label_samples": 9, "band": [0.3, 0.8],
+               "pool_p_denominator": "all", "solver_questions": 512, "solver_group": 5, "reward_form": "code",
+               "solver_format_weight": 0.1, "advantage": "grpo", "filter_prove": False, "question_max_tokens": 4096,
+               "questioner_mini_batch_size": 16 * 4, "questioner_epochs": 1,
+               "solver_mini_batch_size": 128 * 5, "solver_epochs": 1},
+}
 
 
 class RZeroParams(RecipeParams):
@@ -117,8 +169,15 @@ class RZeroParams(RecipeParams):
     repetition_weight: float = Field(1.0, ge=0, description="lambda_rep (0: no repetition penalty)")
     bleu_tokens: BleuTokens | None = Field(None, description="BLEU tokens: none (words) or char; default char "
                                                              "for the arithmetic task, words otherwise")
+    filter_prove: bool = Field(True, description="the pool also drops 'prove' / 'show that' questions (spec §13 #15)")
     advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="(r-mean)/(std+eps) or r-mean")
     question_max_tokens: int = Field(48, gt=0, description="budget of a questioner output")
+    questioner_mini_batch_size: int | None = Field(
+        None, ge=0, description="sequences per questioner AdamW step (0: the whole batch; unset: train.*)")
+    questioner_epochs: int | None = Field(None, gt=0, description="passes over a questioner batch (unset: train.*)")
+    solver_mini_batch_size: int | None = Field(
+        None, ge=0, description="sequences per solver AdamW step (0: the whole batch; unset: train.*)")
+    solver_epochs: int | None = Field(None, gt=0, description="passes over a solver batch (unset: train.*)")
 
     @model_validator(mode="after")
     def _check(self) -> RZeroParams:
@@ -171,11 +230,8 @@ class RZero(Recipe):
     presets = {
         "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26},
         "paper": {**_PAPER_SCALE, "params": {**_PAPER_PARAMS, "advantage": "dr_grpo"}},
-        "reference_code": {**_PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
-                           "train": {**_PAPER_SCALE["train"], **_CODE_TRAIN},
-                           "params": {**_PAPER_PARAMS, "solver_steps": 50, "reward_form": "code",
-                                      "band": [0.3, 0.8], "pool_p_denominator": "answered",
-                                      "solver_format_weight": 0.1}},
+        "reference_code": _RZERO_CODE,
+        "prism_code": {**_PRISM_CODE, "params": {**_PRISM_CODE_PARAMS, "reward_form": "code", "band": [0.3, 0.8]}},
     }
 
     def __init__(self, config, params: RZeroParams):
@@ -183,7 +239,8 @@ class RZero(Recipe):
         self.task = get_task(config.task, data_dir=config.data_dir)
         solver = self.load_policy()  # S_0 = M_0
         questioner = Policy(solver.name, copy.deepcopy(solver.model), solver.tokenizer, solver.prompt_style)  # Q_0
-        self.solver_trainer, self.questioner_trainer = self.make_trainer(solver), self.make_trainer(questioner)
+        self.solver_trainer = self.role_trainer(solver, "solver")
+        self.questioner_trainer = self.role_trainer(questioner, "questioner")
         self.solver_policy, self.questioner = solver, questioner
         self.style = solver.prompt_style
         self.arith = self.task.name == "arith"
@@ -195,6 +252,12 @@ class RZero(Recipe):
         self.period = params.questioner_steps + params.solver_steps
         self.pool: list[PoolItem] = []
         self.pool_iteration = 0  # the iteration whose pool ``self.pool`` is
+
+    def role_trainer(self, policy: Policy, role: str) -> PolicyTrainer:
+        """A trainer with the run's ``train`` settings and the role's own mini-batch size and epochs where set."""
+        update = {"mini_batch_size": getattr(self.params, f"{role}_mini_batch_size"),
+                  "epochs": getattr(self.params, f"{role}_epochs")}
+        return self.make_trainer(policy, **{k: v for k, v in update.items() if v is not None})
 
     def trainers(self) -> dict[str, PolicyTrainer]:
         return {"questioner": self.questioner_trainer, "solver": self.solver_trainer}
@@ -218,9 +281,9 @@ class RZero(Recipe):
 
     def step(self, step: int) -> StepOutput:
         t, phase, index = self.schedule(step)
-        if phase == "questioner":
-            return self.questioner_step(step, t, index)
-        return self.solver_step(step, t, index)
+        out = self.questioner_step(step, t, index) if phase == "questioner" else self.solver_step(step, t, index)
+        out.metrics = {**{f"{role}/optimizer_steps": 0 for role in self.trainers()}, **out.metrics}  # idle role: 0
+        return out
 
     # --- questioner phase -------------------------------------------------------------------------
     def questioner_step(self, step: int, t: int, index: int) -> StepOutput:
@@ -236,8 +299,12 @@ class RZero(Recipe):
         with timer("reward"):
             extra = self.questioner_rewards(questions)
             group_ids = [g for g, group in enumerate(groups) for _ in group]
-            for q, a in zip(questions, compute_advantages(p.advantage, [q.reward for q in questions], group_ids)):
+            rewards = [q.reward for q in questions]
+            for q, a in zip(questions, compute_advantages(p.advantage, rewards, group_ids)):
                 q.advantage = float(a)
+            varies = nonzero_variance_mask(rewards, group_ids)
+        if not any(varies):
+            log.warning("step %d: every questioner group has zero reward variance (all advantages 0)", step)
         stats: dict[str, float] = {}
         if not self.config.frozen_generator:
             with timer("update_questioner"):
@@ -245,6 +312,8 @@ class RZero(Recipe):
                     train_samples([q.output for q in questions], [q.advantage for q in questions], "generator"))
         return StepOutput(
             metrics={"iteration": t, "phase": "questioner", **self.question_metrics(questions), **extra,
+                     "questioner/zero_variance_rate": mean([float(not v) for v in varies]),
+                     "questioner/advantage_abs_mean": mean([abs(q.advantage) for q in questions]),
                      **role_metrics("questioner", stats), **timer},
             samples=self.question_records(step, t, "question", questions))
 
@@ -275,6 +344,8 @@ class RZero(Recipe):
             metrics.update(self.pool_metrics(candidates))
             samples += self.question_records(step, t, "pool", candidates)
         batch = self.solver_batch(t, index)
+        if not batch:
+            log.warning("step %d: the solver pool of iteration %d is empty; no solver update", step, t)
         stats: dict[str, float] = {}
         if batch:
             prompts = [self.solver_prompt(item.question) for item in batch]
@@ -294,7 +365,8 @@ class RZero(Recipe):
             samples += self.solver_records(step, t, batch, groups, answers, terms, rewards, advantages)
             metrics.update({"solver/reward_mean": mean(rewards), "reward/agree": mean(
                 [x["agree"] for g in terms for x in g]), "tokens/solver": sum(len(c.token_ids) for c in completions),
-                "solver/none_rate": mean([float(a is None) for g in answers for a in g])})
+                "solver/none_rate": mean([float(a is None) for g in answers for a in g]),
+                "solver/advantage_abs_mean": mean([abs(float(a)) for a in advantages])})
         metrics.update({"pool/size": len(self.pool), **role_metrics("solver", stats), **timer})
         return StepOutput(metrics=metrics, samples=samples)
 
@@ -314,7 +386,7 @@ class RZero(Recipe):
     def keep(self, q: Question) -> bool:
         """Pool filter: a valid question with a label, p inside the band and no R-Zero filter reason."""
         return (q.text is not None and q.p is not None and in_band(q.p, *self.params.band)
-                and not pool_filter_reasons(q.text, q.label))
+                and not pool_filter_reasons(q.text, q.label, english_proofs=self.params.filter_prove))
 
     def describe_pool(self, candidates: list[Question]) -> None:
         """Annotate pool candidates before filtering (Prism assigns clusters); nothing for R-Zero."""

@@ -28,7 +28,7 @@ BleuTokens = Literal["none", "char"]  # sacreBLEU tokenizers: whitespace split, 
 RZeroForm = Literal["paper", "code"]
 BAND_TOLERANCE = 1e-9  # p is a ratio such as 9/10 held as a float; band ends are inclusive
 
-_PROOF = re.compile(r"\bprove\b|\bshow that\b|证明", re.IGNORECASE)
+_ENGLISH_PROOF = re.compile(r"\bprove\b|\bshow that\b", re.IGNORECASE)
 
 
 def uncertainty_reward(p: float) -> float:
@@ -86,16 +86,18 @@ def in_band(p: float, low: float, high: float) -> bool:
     return low - BAND_TOLERANCE <= p <= high + BAND_TOLERANCE
 
 
-def pool_filter_reasons(question: str, label: str | None) -> list[str]:
-    """Why R-Zero's pool drops a labelled question: ``no_answer`` (no majority answer), ``proof`` ("prove",
-    "show that", "证明"), ``box`` (the question mentions a box) or ``text_answer`` (the answer contains "text")."""
+def pool_filter_reasons(question: str, label: str | None, english_proofs: bool = True) -> list[str]:
+    """Why R-Zero's pool drops a labelled question: ``no_answer`` (no majority answer, or the string "None"),
+    ``proof`` (the question contains "证明"; with ``english_proofs`` also "prove" / "show that", the spec's addition,
+    §13 #15, which neither released code applies), ``box`` (the question mentions a box) or ``text_answer`` (the
+    answer contains "text"). The box and text checks ignore case: R-Zero's code lower-cases both strings first."""
     reasons = []
     if label is None or label.strip() in ("", "None"):
         reasons.append("no_answer")
-    if _PROOF.search(question):
+    if "证明" in question or (english_proofs and _ENGLISH_PROOF.search(question)):
         reasons.append("proof")
-    if "box" in question:
+    if "box" in question.lower():
         reasons.append("box")
-    if label is not None and "text" in label:
+    if label is not None and "text" in label.lower():
         reasons.append("text_answer")
     return reasons

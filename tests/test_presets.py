@@ -1,0 +1,114 @@
+"""Every ``paper`` / ``reference_code`` preset against a table of its source's values, step structure included.
+
+A "step" of the authors' verl / EasyR1 / TRL code is one rollout batch split into PPO mini-batches and epochs; our
+trainer's ``mini_batch_size`` counts sequences (prompts x samples), 0 meaning the whole batch. OPT_STEPS is the number
+of AdamW steps one loop step takes in the source, written out by hand from the source's numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from coevolve.recipes import RECIPES, resolve
+
+# r_zero / prism: (recipe, preset) -> resolved values (params unless prefixed "train." or "config.")
+R_ZERO_TABLE = {
+    ("r_zero", "paper"): {  # Prism's App. A for R-Zero; the step structure of Prism's scripts
+        "config.steps": 4 * (6 + 20), "questioner_steps": 6, "solver_steps": 20,
+        "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
+        "solver_questions": 512, "solver_group": 8, "solver_mini_batch_size": 1024, "solver_epochs": 2,
+        "score_samples": 10, "label_samples": 8, "pool_size": 8000, "band": [0.25, 0.75], "pool_p_denominator": "all",
+        "reward_form": "paper", "advantage": "dr_grpo", "solver_format_weight": 0.0, "filter_prove": True,
+        "questioner_init": "previous_questioner",
+        "train.lr": 5e-6, "train.kl_beta": 1e-4, "train.weight_decay": 0.0, "train.clip_high": 0.2},
+    ("r_zero", "reference_code"): {  # R-Zero's repository (EasyR1): 5 iterations, checkpoints 5 / 15 kept
+        "config.steps": 5 * (5 + 15), "questioner_steps": 5, "solver_steps": 15,
+        "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 1,
+        "solver_questions": 512, "solver_group": 5, "solver_mini_batch_size": 640, "solver_epochs": 1,
+        "score_samples": 10, "label_samples": 9, "pool_size": 8000, "band": [0.3, 0.8], "pool_p_denominator": "all",
+        "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
+        "questioner_init": "previous_questioner", "question_max_tokens": 4096, "config.rollout.max_new_tokens": 4096,
+        "train.lr": 1e-6, "train.kl_beta": 1e-2, "train.weight_decay": 0.01, "train.clip_low": 0.2,
+        "train.clip_high": 0.3},
+    ("r_zero", "prism_code"): {  # the R-Zero baseline of Prism's scripts
+        "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
+        "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
+        "solver_questions": 512, "solver_group": 8, "solver_mini_batch_size": 1024, "solver_epochs": 2,
+        "score_samples": 10, "label_samples": 8, "band": [0.3, 0.8], "pool_p_denominator": "answered",
+        "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
+        "train.lr": 1e-6, "train.kl_beta": 1e-4, "train.weight_decay": 0.01, "train.clip_high": 0.3},
+    ("prism", "paper"): {
+        "config.steps": 4 * (6 + 20), "questioner_steps": 6, "solver_steps": 20,
+        "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
+        "solver_questions": 512, "solver_group": 8, "solver_mini_batch_size": 1024, "solver_epochs": 2,
+        "score_samples": 10, "label_samples": 8, "band": [0.5, 0.9], "pool_p_denominator": "all",
+        "advantage": "dr_grpo", "questioner_init": "solver", "k": 128, "lam": 5.0, "gamma": 0.99, "alpha": 1.0,
+        "reference_corpus": "math_minus_math500", "train.lr": 5e-6, "train.kl_beta": 1e-4},
+    ("prism", "reference_code"): {
+        "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
+        "questioner_mini_batch_size": 64, "questioner_epochs": 2, "solver_questions": 512, "solver_group": 8,
+        "solver_mini_batch_size": 1024, "solver_epochs": 2, "pool_p_denominator": "answered", "advantage": "grpo",
+        "solver_format_weight": 0.1, "filter_prove": False, "k": 128, "reference_corpus": "gsm8k_train",
+        "train.lr": 1e-6, "train.weight_decay": 0.01, "train.clip_high": 0.3},
+}
+# AdamW steps per questioner / solver loop step in the source (spec prism.md §7; R-Zero's EasyR1 config)
+OPT_STEPS = {
+    ("r_zero", "paper"): (512 // 16 * 2, 512 // 128 * 2),  # 64, 8
+    ("r_zero", "reference_code"): (512 // 16, 512 // 128),  # 32, 4
+    ("r_zero", "prism_code"): (64, 8),
+    ("prism", "paper"): (64, 8),
+    ("prism", "reference_code"): (64, 8),
+}
+
+
+def resolved(recipe: str, preset: str, key: str):
+    config, params, _ = resolve(recipe, preset=preset)
+    if key.startswith("train."):
+        return getattr(config.train, key.split(".", 1)[1])
+    if key.startswith("config."):
+        node = config
+        for part in key.split(".")[1:]:
+            node = getattr(node, part)
+        return node
+    return getattr(params, key)
+
+
+@pytest.mark.parametrize("recipe, preset", sorted(R_ZERO_TABLE))
+def test_r_zero_and_prism_presets(recipe, preset):
+    for key, want in R_ZERO_TABLE[(recipe, preset)].items():
+        assert resolved(recipe, preset, key) == want, key
+    _, p, _ = resolve(recipe, preset=preset)
+    questioner = math.ceil(p.questioner_prompts * p.questioner_group / p.questioner_mini_batch_size) * p.questioner_epochs
+    solver = math.ceil(p.solver_questions * p.solver_group / p.solver_mini_batch_size) * p.solver_epochs
+    assert (questioner, solver) == OPT_STEPS[(recipe, preset)]
+
+
+def test_every_paper_and_code_preset_states_its_step_structure():
+    """The one-policy recipes take one whole-batch step (their sources: one update per rollout batch, 1 epoch)."""
+    for recipe in ("grpo", "dynamic_rl", "opensir"):
+        for preset in ("paper", "reference_code"):
+            if preset in RECIPES[recipe].presets:
+                config, _, _ = resolve(recipe, preset=preset)
+                assert (config.train.mini_batch_size, config.train.epochs) == (0, 1), (recipe, preset)
+    # INFUSER: M = 32 prompts x n = 8 per AdamW step for both roles, 1 epoch (paper and code)
+    for preset in ("paper", "reference_code"):
+        config, p, _ = resolve("infuser", preset=preset)
+        assert (p.minibatch_prompts * p.group_size, config.train.epochs) == (256, 1)
+    # PasoDoble: one step per batch for both roles in the paper; the code's Solver steps every 2 sequences
+    _, paper, _ = resolve("pasodoble", preset="paper")
+    assert (paper.proposer_mini_batch_size, paper.proposer_epochs, paper.solver_mini_batch_size,
+            paper.solver_epochs) == (0, 1, 0, 1)
+    _, code, _ = resolve("pasodoble", preset="reference_code")
+    assert (code.proposer_mini_batch_size, code.proposer_epochs, code.solver_mini_batch_size,
+            code.solver_epochs) == (0, 1, 2, 1)
+
+
+def test_pasodoble_counts_updates():
+    config, paper, _ = resolve("pasodoble", preset="paper")
+    assert paper.max_updates == 600 and config.steps == 2000  # 600 updates within at most 2000 iterations
+    config, code, _ = resolve("pasodoble", preset="reference_code")
+    assert code.max_updates is None and config.steps == 2000  # the code's loop counts iterations
+    for preset in ("small", "small_offline"):
+        assert resolve("pasodoble", preset=preset)[1].proposer_max_tokens >= 96
