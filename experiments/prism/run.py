@@ -19,6 +19,10 @@ from experiments.harness import Arm, ArmResult, Experiment, main, mean_sd, train
 
 # 4 iterations of 30 questioner and 20 solver steps instead of 6 and 20
 LONG_QUESTIONER = ("params.questioner_steps=30", "steps=200", "eval_every=50")
+# The `small` arms normalise advantages by the group std (the code's form), so lambda changes Prism's bonus but not its
+# step size; the paper's mean-only form (eq. 2) lets Prism's rewards (up to 1 + lambda = 6, R-Zero's at most 1) scale
+# the step as well. These arms run both methods, and Prism without the bonus, in that form.
+MEAN_ONLY = ("params.advantage=dr_grpo",)
 ARMS = (
     GRPO,
     Arm("r_zero", "r_zero"),
@@ -27,6 +31,9 @@ ARMS = (
     Arm("r_zero_q30", "r_zero", LONG_QUESTIONER, note="5x the questioner steps: room for R-Zero to collapse"),
     Arm("prism_q30", "prism", LONG_QUESTIONER, note="5x the questioner steps"),
     Arm("prism_q30_no_rarity", "prism", (*LONG_QUESTIONER, "params.lam=0"), note="5x the questioner steps, lambda = 0"),
+    Arm("r_zero_mean_only", "r_zero", MEAN_ONLY, note="mean-only advantages (r - mean), as in the paper's eq. 2"),
+    Arm("prism_mean_only", "prism", MEAN_ONLY, note="mean-only advantages: lambda scales the step size too"),
+    Arm("prism_no_rarity_mean_only", "prism", (*MEAN_ONLY, "params.lam=0"), note="mean-only advantages, lambda = 0"),
 )
 POOL_SAMPLE = 240  # questions per pool, drawn at random (seed 0): the same N for every run and iteration
 STATS = {"active": "active clusters", "normalized_entropy": "normalised entropy", "gini": "Gini",
