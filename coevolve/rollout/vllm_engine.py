@@ -122,7 +122,9 @@ class VLLMRolloutEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.model_source = model_source
-        self.eos_token_ids = [i for i in (eos_token_ids or [tokenizer.eos_token_id]) if i is not None]
+        if eos_token_ids is None:
+            eos_token_ids = [tokenizer.eos_token_id]
+        self.eos_token_ids = [i for i in eos_token_ids if i is not None]  # empty: never stop at EOS (benchmarks)
         self.settings = settings
         self.version = version or (lambda: weights_version(self.model))
         self.seed = seed
@@ -232,7 +234,7 @@ class VLLMRolloutEngine:
             top_p=1.0 if greedy else params.top_p, top_k=0 if greedy or not params.top_k else params.top_k,
             max_tokens=max(1, min(params.max_new_tokens, self.max_model_len - prompt_len)),
             stop=list(params.stop) or None, include_stop_str_in_output=True,
-            stop_token_ids=self.eos_token_ids, logprobs=0, seed=None if greedy else (seed * 1_000_003 + index) % (1 << 31),
+            stop_token_ids=self.eos_token_ids or None, ignore_eos=not self.eos_token_ids, logprobs=0, seed=None if greedy else (seed * 1_000_003 + index) % (1 << 31),
             skip_special_tokens=True)
 
     def _completion(self, prompt: str, prompt_ids: list[int], output) -> Completion:
