@@ -141,3 +141,36 @@ def test_cli_run_and_resume(tmp_path, random_model_dir):
     assert [r["step"] for r in rows] == [1, 2] and all("proposer/reward_mean" in r for r in rows)
     samples = [json.loads(line) for line in (out / "samples" / "step_000002.jsonl").read_text().splitlines()]
     assert {s["role"] for s in samples} == {"generator"}  # a random model poses no question: nothing to solve
+
+
+def test_sequential_history_takes_every_proposal(random_model_dir):
+    recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_sim=0.5")
+    texts = iter(["a+b", None, "a+b", None, "c*d", "c*d"])
+    recipe.read_proposal = lambda text, passage: (lambda q: (q, "7" if q else None))(next(texts))
+    xs = recipe.propose_and_score(1, _timer())
+    # H after each push: {ab}, {ab, ∅}, ...: r_div = share of H not Jaccard-similar (> 0.5); two empty sets are similar
+    assert [x.r_div for x in xs[:3]] == pytest.approx([1.0, 1.0, 0.5])
+    assert len(recipe.history) == 6 and recipe.history.items[1] == frozenset()
+
+
+def test_max_updates_counts_updates_not_iterations(random_model_dir):
+    recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_low=0",
+                         "params.max_updates=1", "params.solver_mini_batch_size=5", "params.solver_epochs=2")
+    recipe.read_proposal = posing(None)  # nothing posed: the iteration is skipped and does not count
+    out = recipe.step(1)
+    assert out.metrics["skipped"] == 1.0 and out.metrics["updates"] == 0.0
+    assert (out.metrics["proposer/optimizer_steps"], out.metrics["solver/optimizer_steps"]) == (0, 0)
+    recipe.read_proposal = posing("a+b")
+    for step in range(2, 12):  # random rewards: some iteration retains a question and updates
+        out = recipe.step(step)
+        if not out.metrics["skipped"]:
+            break
+    assert out.metrics["updates"] == 1.0 and out.metrics["proposer/optimizer_steps"] == 1  # 6 proposals, one step
+    trained = sum(s["trained"] for s in out.samples if s["role"] == "solver")
+    assert out.metrics["solver/optimizer_steps"] == -(-trained // 5) * 2  # 4 answers per question, 5 per step, 2 epochs
+    proposals = [g for g in out.samples if g["role"] == "generator"]
+    assert out.metrics["proposer/advantage_abs_mean"] == pytest.approx(
+        sum(abs(g["advantage"]) for g in proposals) / len(proposals))
+    done = recipe.step(step + 1)  # max_updates reached: nothing is sampled or trained
+    assert done.metrics["done"] == 1.0 and done.metrics["updates"] == 1.0 and not done.samples
+    assert recipe.state_dict()["updates"] == 1

@@ -19,8 +19,10 @@ keep those whose current p is in (tau_low, 1) and update the Solver. Only update
 ``max_skips`` consecutive skipped Solver steps end a Solver phase early (the spec's guard against an endless loop);
 optional eviction (App. D) drops a question at p = 1 or after ``eviction_patience`` replays without a new peak.
 
-Each loop step is one iteration (skipped ones included; the paper counts successful updates, spec §13 item 8), and
-``skipped`` in the metrics marks the skipped ones.
+Each loop step is one iteration, skipped ones included, so ``steps`` caps the iterations; the paper counts successful
+updates (spec §13 item 8): ``max_updates`` (600 in ``paper``) is the number of updates after which the remaining
+steps do nothing (online: joint updates; offline: Proposer and Solver updates). ``skipped`` marks skipped
+iterations, ``updates`` counts the updates so far, and ``<role>/optimizer_steps`` gives each role's AdamW steps.
 
 Documents and tasks. ``math`` (chat models): passages from ``knowledge_source`` (default the OpenStax books), the
 code's Proposer format ``<problem>..</problem> <answer>..\boxed{a*}</answer>`` (§5.1; the question is read after the
@@ -40,16 +42,24 @@ item   what                        paper                              released c
 1      tau_sim                     0.3                                0.8
 3      diversity gate              r_div >= tau_div (``ge``)          r_div > tau_div (``gt``)
 4      history update              each q_i appended after it is      all I scored against one snapshot, then
-                                   scored (``sequential``)            appended, only when some p > tau_low
+                                   scored, an empty one too           appended, only when some p > tau_low
+                                   (``sequential``)
 13     leak check                  none (``off``)                     raw substring test (``raw``)
 18     loss                        GRPO (``seq_mean``)                Dr.GRPO normaliser 1/(N L_max)
 =====  ==========================  =================================  =========================================
 
+Step structure (spec §3.5, §13 item 19): the paper takes one GRPO step per batch; so does the code for the Proposer
+(``num_iterations = 1``), but its Solver steps the optimizer every 2 sequences per trainer GPU ("segment_size=2", a
+memory workaround), with one trainer GPU per role in its sub-1B setup (our reading of §11). ``paper``: both roles one
+whole-batch AdamW step, 1 epoch; ``reference_code``: the Proposer the same, the Solver mini-batches of 2 sequences,
+1 epoch (``<role>_mini_batch_size`` / ``<role>_epochs``; unset, as in ``small``, they are the run's ``train.*``).
+
 The default recipe config keeps the paper's values but turns the leak check on in its word-boundary form (``word``;
 spec §4.6 recommends keeping it on), as the issue asks for the check. Both roles use GRPO advantages with the
-code's eps 1e-4 and the unbiased std (§3.5); ``scale_std: false`` gives mean-centred advantages. One optimizer step
-per update with gradient accumulation (spec §13 item 19). Not reproduced: the cold-start SFT (§3.0; tiny-arith was
-pretrained to write grounded questions with answers, which plays its part), and the ``<think>\n`` generation prefix.
+code's eps 1e-4 and the unbiased std (§3.5); ``scale_std: false`` gives mean-centred advantages. Not reproduced:
+the cold-start SFT (§3.0; tiny-arith was pretrained to write grounded questions with answers, which plays its part),
+and the ``<think>\n`` generation prefix. ``small`` gives the Proposer 96 tokens: a level-3 question with its worked
+trace and answer can run past 64.
 
 Ablations (paper §5): ``knowledge: false`` (w/o 𝒦), ``frozen_generator: true`` (w/ π_p frozen: the Proposer is
 never updated, everything else unchanged, §13 item 26), ``solver_reward: random_full | random_partial`` (no Proposer
@@ -74,6 +84,7 @@ from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput,
                                    step_seed, train_samples)
 from coevolve.rewards.pasodoble import DiversityGate, JaccardHistory, LeakMode, leaks_answer, proposer_reward
 from coevolve.rl.advantages import dr_grpo_advantages, grpo_advantages
+from coevolve.rl.trainer import PolicyTrainer
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
 from coevolve.tasks.registry import get_task
@@ -97,7 +108,8 @@ _PAPER_SCALE = {
     "rollout": {"temperature": 0.6, "top_p": 1.0, "max_new_tokens": 6144},
     "train": {"lr": 1e-6, "kl_beta": 0.0, "grad_clip": 1.0, "micro_batch_size": 2},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 6144,
-    "params": {"proposer_max_tokens": 6144, "knowledge_source": "openstax"},
+    "params": {"proposer_max_tokens": 6144, "knowledge_source": "openstax", "proposer_mini_batch_size": 0,
+               "proposer_epochs": 1, "solver_mini_batch_size": 0, "solver_epochs": 1},
 }
 
 
@@ -133,6 +145,14 @@ class PasoDobleParams(RecipeParams):
     eviction: bool = Field(False, description="offline: App. D buffer eviction (off in the paper's results)")
     eviction_patience: int = Field(3, gt=0, description="c: replays without a new peak before eviction")
     max_skips: int = Field(10, gt=0, description="offline: consecutive skipped Solver steps that end the phase")
+    max_updates: int | None = Field(None, gt=0, description="updates after which the remaining steps do nothing "
+                                                            "(paper: 600); unset: none")
+    proposer_mini_batch_size: int | None = Field(
+        None, ge=0, description="sequences per Proposer AdamW step (0: the whole batch; unset: train.*)")
+    proposer_epochs: int | None = Field(None, gt=0, description="passes over a Proposer batch (unset: train.*)")
+    solver_mini_batch_size: int | None = Field(
+        None, ge=0, description="sequences per Solver AdamW step (0: the whole batch; unset: train.*)")
+    solver_epochs: int | None = Field(None, gt=0, description="passes over a Solver batch (unset: train.*)")
 
 
 @dataclass
@@ -189,23 +209,24 @@ class PasoDoble(Recipe):
             "model": "tiny-arith", "task": "arith", "steps": 300, "eval_every": 50,
             "rollout": {"temperature": 1.0, "max_new_tokens": 64},
             "train": {"lr": 3e-5},
-            "params": {"passages_per_step": 4, "proposer_max_tokens": 64, "question_tokens": "id_bigrams",
+            "params": {"passages_per_step": 4, "proposer_max_tokens": 96, "question_tokens": "id_bigrams",
                        "tau_sim": 0.6, "knowledge_source": "arith"},
         },
         "small_offline": {
             "model": "tiny-arith", "task": "arith", "steps": 400, "eval_every": 100,
             "rollout": {"temperature": 1.0, "max_new_tokens": 64},
             "train": {"lr": 3e-5},
-            "params": {"mode": "offline", "passages_per_step": 4, "proposer_max_tokens": 64,
+            "params": {"mode": "offline", "passages_per_step": 4, "proposer_max_tokens": 96,
                        "question_tokens": "id_bigrams", "tau_sim": 0.6, "knowledge_source": "arith",
                        "replay_batch": 24},
         },
-        "paper": {**_PAPER_SCALE, "params": {**_PAPER_SCALE["params"], "leak_filter": "off"}},
+        "paper": {**_PAPER_SCALE, "steps": 2000,
+                  "params": {**_PAPER_SCALE["params"], "leak_filter": "off", "max_updates": 600}},
         "reference_code": {
             **_PAPER_SCALE, "steps": 2000,
             "train": {**_PAPER_SCALE["train"], "loss_agg": "token_sum_norm", "norm_constant": 6144},
             "params": {**_PAPER_SCALE["params"], "tau_sim": 0.8, "diversity_gate": "gt", "history_update": "snapshot",
-                       "leak_filter": "raw"},
+                       "leak_filter": "raw", "solver_mini_batch_size": 2},
         },
     }
 
@@ -215,8 +236,8 @@ class PasoDoble(Recipe):
         self.solver_policy = self.load_policy()
         self.proposer = Policy(self.solver_policy.name, copy.deepcopy(self.solver_policy.model),
                                self.solver_policy.tokenizer, self.solver_policy.prompt_style)
-        self.solver_trainer = self.make_trainer(self.solver_policy, mini_batch_size=0)
-        self.proposer_trainer = self.make_trainer(self.proposer, mini_batch_size=0)
+        self.solver_trainer = self.role_trainer(self.solver_policy, "solver")
+        self.proposer_trainer = self.role_trainer(self.proposer, "proposer")
         self.style = self.solver_policy.prompt_style
         self.arith = self.task.name == "arith"
         self.knowledge: DocumentPool | None = None
@@ -232,6 +253,13 @@ class PasoDoble(Recipe):
         self.buffer: list[Buffered] = []
         self.pointer = 0
         self.phase, self.phase_updates, self.skips = "proposer", 0, 0
+        self.updates = 0  # successful updates so far (``max_updates``)
+
+    def role_trainer(self, policy: Policy, role: str) -> PolicyTrainer:
+        """A trainer with the run's ``train`` settings and the role's own mini-batch size and epochs where set."""
+        update = {"mini_batch_size": getattr(self.params, f"{role}_mini_batch_size"),
+                  "epochs": getattr(self.params, f"{role}_epochs")}
+        return self.make_trainer(policy, **{k: v for k, v in update.items() if v is not None})
 
     def trainers(self):
         return {"proposer": self.proposer_trainer, "solver": self.solver_trainer}
@@ -242,19 +270,26 @@ class PasoDoble(Recipe):
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history.state_dict(), "buffer": [vars(b) for b in self.buffer],
                 "pointer": self.pointer, "phase": self.phase, "phase_updates": self.phase_updates,
-                "skips": self.skips}
+                "skips": self.skips, "updates": self.updates}
 
     def load_state_dict(self, state) -> None:
         self.history.load_state_dict(state["history"])
         self.buffer = [Buffered(**b) for b in state["buffer"]]
         self.pointer, self.phase = state["pointer"], state["phase"]
-        self.phase_updates, self.skips = state["phase_updates"], state["skips"]
+        self.phase_updates, self.skips, self.updates = state["phase_updates"], state["skips"], state["updates"]
 
     # --- Algorithms 1 and 2 -----------------------------------------------------------------------------------
     def step(self, step: int) -> StepOutput:
+        idle = {f"{role}/optimizer_steps": 0 for role in self.trainers()}
+        if self.params.max_updates is not None and self.updates >= self.params.max_updates:
+            return StepOutput({**idle, "skipped": 1.0, "updates": float(self.updates), "done": 1.0})
         if self.params.mode == "online":
-            return self.online_step(step)
-        return self.proposer_step(step) if self.phase == "proposer" else self.solver_step(step)
+            out = self.online_step(step)
+        else:
+            out = self.proposer_step(step) if self.phase == "proposer" else self.solver_step(step)
+        self.updates += int(not out.metrics["skipped"])
+        out.metrics = {**idle, **out.metrics, "updates": float(self.updates)}
+        return out
 
     def propose_and_retain(self, step: int, timer: PhaseTimer) -> tuple[list[Proposal], list[Proposal], bool]:
         """Proposals with their pass rates and advantages, those kept for the Solver, and whether to skip the step
@@ -271,7 +306,7 @@ class PasoDoble(Recipe):
             with timer("update_proposer"):
                 stats.update(self.update_proposer(proposals))
             with timer("update_solver"):
-                stats.update(role_metrics("solver", self.solver_trainer.update(self.solver_batch(retained))))
+                stats.update(self.update_solver(retained))
         metrics = {**self.proposal_metrics(proposals), **stats, "skipped": float(skipped), **timer}
         return StepOutput(metrics, self.records(step, proposals, trained=not skipped))
 
@@ -309,7 +344,7 @@ class PasoDoble(Recipe):
         stats = {}
         if kept:
             with timer("update_solver"):
-                stats = role_metrics("solver", self.solver_trainer.update(self.solver_batch(kept)))
+                stats = self.update_solver(kept)
         if p.eviction:
             self.evict(entries, [x.p_raw for x in replayed])
         self.advance_phase(updated=bool(kept), target=p.solver_steps, next_phase="proposer")
@@ -397,11 +432,10 @@ class PasoDoble(Recipe):
         """r^div against H (§4.4) and the history update, in the paper's or the code's order (§13 item 4)."""
         p = self.params
         tokens = [self.question_tokens(x.question) for x in proposals]
-        if p.history_update == "sequential":
+        if p.history_update == "sequential":  # every proposal, one without a question as the empty token set
             for x, t in zip(proposals, tokens):
                 x.r_div = self.history.diversity(t, p.tau_sim)
-                if x.question:
-                    self.history.push([t])
+                self.history.push([t])
             return
         if not any(x.p > p.tau_low for x in proposals):
             return  # the code computes no diversity (r_p is 0 anyway) and appends nothing
@@ -425,11 +459,15 @@ class PasoDoble(Recipe):
         if self.config.frozen_generator:
             return {}
         samples = train_samples([x.output for x in proposals], [x.advantage for x in proposals], "proposer")
-        return role_metrics("proposer", self.proposer_trainer.update(samples))
+        return {**role_metrics("proposer", self.proposer_trainer.update(samples)),
+                "proposer/advantage_abs_mean": mean([abs(x.advantage) for x in proposals])}
 
-    def solver_batch(self, questions: list[Proposal]):
-        return train_samples([s for x in questions for s in x.solutions],
-                             [a for x in questions for a in x.solver_advantages], "solver")
+    def update_solver(self, questions: list[Proposal]) -> dict[str, float]:
+        """GRPO on the J solutions of each retained question."""
+        advantages = [a for x in questions for a in x.solver_advantages]
+        samples = train_samples([s for x in questions for s in x.solutions], advantages, "solver")
+        return {**role_metrics("solver", self.solver_trainer.update(samples)),
+                "solver/advantage_abs_mean": mean([abs(a) for a in advantages])}
 
     def advance_phase(self, updated: bool, target: int, next_phase: str) -> None:
         """Offline schedule: count updates (and consecutive skips) and switch phase after ``target`` updates."""
