@@ -224,3 +224,54 @@ def test_smollm2_converted_folder_matches_the_gguf_model_after_a_weight_change(c
     with capsys.disabled():
         print(f"\nsmollm2-135m, vLLM vs trainer log-probs after a weight change: max |diff| = {gap:.2e}", file=sys.stderr)
     assert gap < 1e-3
+
+
+def test_load_state_dict_is_picked_up_like_an_update(policy_and_engine, model_dir):
+    """Prism's SolverInit copies weights with load_state_dict: the engine must reload them too."""
+    from transformers import AutoModelForCausalLM
+
+    policy, engine = policy_and_engine
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
+    engine.generate(PROMPTS, greedy, seed=0)
+    engine.pop_metrics()
+    torch.manual_seed(1)
+    other = AutoModelForCausalLM.from_config(policy.model.config)
+    policy.model.load_state_dict(other.state_dict())
+    got = engine.generate(PROMPTS, greedy, seed=0)
+    assert engine.pop_metrics()["rollout/weight_syncs"] == 1.0
+    want = HFRolloutEngine(policy.model, policy.tokenizer, eos_token_ids=policy.eos_token_ids).generate(
+        PROMPTS, greedy, seed=0)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+
+
+def test_lora_adapters_are_merged_into_the_pushed_weights(model_dir):
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from coevolve.rollout.vllm_engine import hf_state_dict
+
+    policy = load_policy(str(model_dir))
+    base_names = set(policy.model.state_dict())
+    peft_model = get_peft_model(policy.model, LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8,
+                                                         target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)  # make the adapters matter
+    merged_reference = copy.deepcopy(peft_model).merge_and_unload().state_dict()
+    q_proj = peft_model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
+    base_before = q_proj.detach().clone()
+    pushed = dict(hf_state_dict(peft_model))
+    assert set(pushed) == base_names
+    assert max(float((pushed[k] - merged_reference[k]).abs().max()) for k in pushed) < 1e-6
+    assert not torch.allclose(pushed["model.layers.0.self_attn.q_proj.weight"], base_before)
+    assert torch.equal(q_proj, base_before) or float((q_proj - base_before).abs().max()) < 1e-6  # unmerged again
+    policy.model = peft_model
+    engine = VLLMRolloutEngine(policy.model, policy.tokenizer, str(model_dir), eos_token_ids=policy.eos_token_ids,
+                               settings=SMALL)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
+    got = engine.generate(PROMPTS, greedy, seed=0)
+    want = HFRolloutEngine(policy.model, policy.tokenizer, eos_token_ids=policy.eos_token_ids).generate(
+        PROMPTS, greedy, seed=0)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
