@@ -275,3 +275,6 @@ def test_lora_adapters_are_merged_into_the_pushed_weights(model_dir):
     want = HFRolloutEngine(policy.model, policy.tokenizer, eos_token_ids=policy.eos_token_ids).generate(
         PROMPTS, greedy, seed=0)
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    engine.pop_metrics()
+    engine.generate(PROMPTS[:1], greedy, seed=0)
+    assert engine.pop_metrics()["rollout/weight_syncs"] == 0.0  # merging for the copy is not a weight change

@@ -169,8 +169,8 @@ class VLLMRolloutEngine:
         self._ensure_engine()
         self._wake()
         started = time.perf_counter()
-        version = self.version()
         weights = list(hf_state_dict(self.model))
+        version = self.version()  # after the LoRA merge and unmerge, which write the base weights
         self.llm.collective_rpc(_reload_worker_weights, args=(weights,))
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.synced_version = version
