@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from transformers import StaticCache
 
 from coevolve.rollout.base import Completion, SamplingParams
 
@@ -51,8 +52,32 @@ def truncate_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Ten
     return logits
 
 
+def sample_tokens(logits: torch.Tensor, params: SamplingParams,
+                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token of each row of ``logits`` [B, V] and its log-prob under the temperature-scaled distribution.
+
+    The log-prob is taken before top-k / top-p truncation (the trainer's pi_old); greedy decoding
+    (temperature 0) gives the argmax and its log-prob under the unscaled distribution.
+    """
+    if params.temperature <= 0:
+        chosen = logits.argmax(-1)
+        logprobs = logits.log_softmax(-1)
+    else:
+        scaled = logits / params.temperature if params.temperature != 1.0 else logits
+        logprobs = scaled.log_softmax(-1)
+        truncated = (0 < params.top_k < logits.shape[-1]) or params.top_p < 1.0
+        probs = truncate_logits(scaled, params.top_k, params.top_p).softmax(-1) if truncated else logprobs.exp()
+        chosen = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return chosen, logprobs.gather(-1, chosen[:, None])[:, 0]
+
+
 class HFRolloutEngine:
-    """Samples from a transformers causal LM in batches of ``batch_size`` prompts."""
+    """Samples from a transformers causal LM in batches of ``batch_size`` prompts.
+
+    Each batch decodes into one preallocated (static) KV cache and records tokens and log-probs in
+    preallocated tensors; rows that finished are dropped from the batch and the cache once they make
+    up a quarter of it, so the work follows the rows still generating, not the longest completion.
+    """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None):
         self.model = model
@@ -64,7 +89,7 @@ class HFRolloutEngine:
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
         """One completion per prompt; the same prompts, params and seed give the same completions."""
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(device=next(self.model.parameters()).device).manual_seed(seed)
         completions: list[Completion] = []
         for start in range(0, len(prompts), self.batch_size):
             completions += self._generate_batch(prompts[start:start + self.batch_size], params, generator)
@@ -76,58 +101,90 @@ class HFRolloutEngine:
         self.model.eval()
         device = next(self.model.parameters()).device
         prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
-        input_ids, attention_mask = left_pad(prompt_ids, self.tokenizer.pad_token_id)
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        batch = len(prompts)
-        eos = torch.tensor(self.eos_token_ids, device=device)
-        tokens: list[list[int]] = [[] for _ in range(batch)]
-        logprobs: list[list[float]] = [[] for _ in range(batch)]
-        reasons = ["length"] * batch
-        active = torch.ones(batch, dtype=torch.bool, device=device)
-        cache = None
-        step_ids, positions = input_ids, position_ids_from_mask(attention_mask)
-        for _ in range(params.max_new_tokens):
-            out = self.model(input_ids=step_ids, attention_mask=attention_mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            logits = out.logits[:, -1, :].float()
-            if params.temperature <= 0:
-                chosen = logits.argmax(-1)
-                chosen_logprob = logits.log_softmax(-1).gather(-1, chosen[:, None])[:, 0]
-            else:
-                scaled = logits / params.temperature
-                kept = truncate_logits(scaled, params.top_k, params.top_p)
-                chosen = torch.multinomial(kept.softmax(-1).cpu(), 1, generator=generator)[:, 0].to(device)
-                chosen_logprob = scaled.log_softmax(-1).gather(-1, chosen[:, None])[:, 0]
-            for row in active.nonzero()[:, 0].tolist():
-                tokens[row].append(int(chosen[row]))
-                logprobs[row].append(float(chosen_logprob[row]))
-            finished_eos = active & torch.isin(chosen, eos)
-            for row in finished_eos.nonzero()[:, 0].tolist():
-                reasons[row] = "eos"
-            active &= ~finished_eos
+        batch, new = len(prompts), params.max_new_tokens
+        logits, cache, kv_mask, positions = self._prefill(prompt_ids, new, device)
+        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+        tokens = torch.zeros(batch, new, dtype=torch.long, device=device)
+        logprobs = torch.zeros(batch, new, device=device)
+        lengths, reasons = [new] * batch, ["length"] * batch
+        tails: list[list[int]] = [[] for _ in range(batch)]  # recent tokens per prompt, for stop strings
+        # Batch row i holds prompt row_of[i] (``rows`` on the device); ``alive`` marks the rows still generating.
+        rows = torch.arange(batch, device=device)
+        row_of = list(range(batch))
+        alive = torch.ones(batch, dtype=torch.bool, device=device)
+        done_in_batch = 0
+        for t in range(new):
+            chosen, chosen_logprob = sample_tokens(logits.float(), params, generator)
+            tokens[rows, t] = chosen
+            logprobs[rows, t] = chosen_logprob
+            ended = (alive & torch.isin(chosen, eos)).nonzero()[:, 0].tolist()
+            for i in ended:
+                reasons[row_of[i]] = "eos"
             if params.stop:
-                for row in active.nonzero()[:, 0].tolist():
-                    if self._hit_stop(tokens[row], params.stop):
-                        reasons[row] = "stop"
-                        active[row] = False
-            if not active.any():
+                stopped = self._stopped(tails, row_of, alive, chosen, set(ended), params.stop)
+                for i in stopped:
+                    reasons[row_of[i]] = "stop"
+                ended += stopped
+            for i in ended:
+                lengths[row_of[i]] = t + 1
+            if ended:
+                alive[ended] = False
+                done_in_batch += len(ended)
+            if done_in_batch == len(row_of) or t + 1 == new:
                 break
-            step_ids = torch.where(active, chosen, torch.full_like(chosen, self.tokenizer.pad_token_id))[:, None]
-            attention_mask = torch.cat([attention_mask, torch.ones_like(step_ids)], dim=1)
-            positions = positions[:, -1:] + 1
+            if 4 * done_in_batch >= len(row_of):  # drop the finished rows once they are a quarter of the batch
+                keep = alive.nonzero()[:, 0]
+                cache.reorder_cache(keep)
+                rows, alive, chosen, kv_mask, positions = (x[keep] for x in (rows, alive, chosen, kv_mask, positions))
+                row_of, done_in_batch = rows.tolist(), 0
+            positions = positions + 1
+            logits = self.model(input_ids=chosen[:, None], attention_mask=kv_mask, position_ids=positions,
+                                past_key_values=cache, use_cache=True).logits[:, -1, :]
         self.model.train(was_training)
+        token_lists, logprob_lists = tokens.tolist(), logprobs.tolist()
         return [
-            Completion(prompt=prompts[i], prompt_ids=prompt_ids[i], token_ids=tokens[i],
-                       text=self.tokenizer.decode(tokens[i], skip_special_tokens=True),
-                       logprobs=logprobs[i], finish_reason=reasons[i])
+            Completion(prompt=prompts[i], prompt_ids=prompt_ids[i], token_ids=token_lists[i][:lengths[i]],
+                       text=self.tokenizer.decode(token_lists[i][:lengths[i]], skip_special_tokens=True),
+                       logprobs=logprob_lists[i][:lengths[i]], finish_reason=reasons[i])
             for i in range(batch)
         ]
+
+    def _prefill(self, prompt_ids: list[list[int]], new: int, device: torch.device):
+        """Run the prompts into a static cache with room for ``new`` tokens, each distinct prompt once.
+
+        Returns the next-token logits [B, V], the cache (expanded to one row per prompt), the padding mask
+        over the cache's slots [B, P + new] and each row's position of its last prompt token [B, 1].
+        """
+        distinct = list(dict.fromkeys(map(tuple, prompt_ids)))
+        index = {ids: i for i, ids in enumerate(distinct)}
+        expand = torch.tensor([index[tuple(ids)] for ids in prompt_ids], device=device)
+        input_ids, attention_mask = left_pad(distinct, self.tokenizer.pad_token_id)
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        # Every slot after the prompt will hold a generated token, so the padding mask is fixed up front.
+        kv_mask = torch.cat([attention_mask, attention_mask.new_ones(len(distinct), new)], dim=1)
+        positions = position_ids_from_mask(attention_mask)
+        cache = StaticCache(config=self.model.config, max_cache_len=kv_mask.shape[1])
+        logits = self.model(input_ids=input_ids, attention_mask=kv_mask, position_ids=positions,
+                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        if len(distinct) < len(prompt_ids):
+            cache.reorder_cache(expand)
+            logits = logits[expand]
+        return logits, cache, kv_mask[expand], positions[expand, -1:]
+
+    def _stopped(self, tails: list[list[int]], row_of: list[int], alive: torch.Tensor, chosen: torch.Tensor,
+                 ended: set[int], stop: Sequence[str]) -> list[int]:
+        """Batch rows still generating whose last 16 tokens now contain a stop string."""
+        stopped = []
+        for i, (live, token) in enumerate(zip(alive.tolist(), chosen.tolist())):
+            if not live or i in ended:
+                continue
+            tail = tails[row_of[i]]
+            tail.append(token)
+            del tail[:-16]
+            if any(s in self.tokenizer.decode(tail, skip_special_tokens=True) for s in stop):
+                stopped.append(i)
+        return stopped
 
     def pop_metrics(self) -> dict[str, float]:
         """Nothing to report: this engine samples from the live model, so there are no weights to sync."""
         return {}
-
-    def _hit_stop(self, token_ids: list[int], stop: Sequence[str]) -> bool:
-        tail = self.tokenizer.decode(token_ids[-16:], skip_special_tokens=True)
-        return any(s in tail for s in stop)
