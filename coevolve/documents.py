@@ -294,11 +294,12 @@ def load_documents(source: str, *, min_tokens: int = 1, max_tokens: int = 1024, 
 
 
 def dev_set(task: str, n: int, *, source: str | None = None, seed: int = 0, data_dir: str | None = None,
-            level: int = 4) -> list[Problem]:
+            levels: Sequence[int] = (4,)) -> list[Problem]:
     """INFUSER's 𝒟_dev: ``n`` verified (question, answer) pairs from the target distribution (spec §2.4).
 
-    ``arith``: the grounded held-out slice of ``level`` (evaluation reads the plain held-out sets, training samplers
-    exclude both). ``math``: ``source`` ``math`` (default; MATH test outside MATH-500, which is evaluated) or
+    ``arith``: the grounded held-out slices of ``levels``, taken in turn (level by level: the first question of each,
+    then the second, ...), so the levels share ``n`` evenly; evaluation reads the plain held-out sets and training
+    samplers exclude both. ``math``: ``source`` ``math`` (default; MATH test outside MATH-500, which is evaluated) or
     ``gsm8k`` (GSM8K test: then leave gsm8k out of the evaluation sets). ``mcq``: the SuperGPQA sample, with the
     choices rendered into the question and the gold letter as answer.
     """
@@ -306,7 +307,10 @@ def dev_set(task: str, n: int, *, source: str | None = None, seed: int = 0, data
     from coevolve.tasks import mcq
 
     if task == "arith":
-        return [Problem(p.question, str(p.answer), p.doc, p.level) for p in arith.held_out(level, n, grounded=True)]
+        per_level = -(-n // len(levels))
+        slices = [arith.held_out(level, per_level, grounded=True) for level in levels]
+        mixed = [s[i] for i in range(per_level) for s in slices][:n]
+        return [Problem(p.question, str(p.answer), p.doc, p.level) for p in mixed]
     if task == "math":
         name = source or "math"
         items = load_benchmark(name, data_dir=data_dir)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import math
 import random
 
 import pytest
 import torch
 
 from coevolve.rl import influence
-from coevolve.rl.influence import dev_gradient, influence_scores, trainable
+from coevolve.rl.influence import dev_gradient, influence_scores, one_step_dev_gains, trainable
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
 
 C = 16  # Dr.GRPO's constant
@@ -78,7 +79,7 @@ def test_scores_match_brute_force(setting, warm_steps, monkeypatch):
     state = copy.deepcopy(trainer.optimizer.state_dict())
     monkeypatch.setattr(influence, "CHUNK", 37)  # stream parameters in odd slices
 
-    dev = dev_gradient(trainer, [s for g in dev_groups for s in g])
+    dev = dev_gradient(trainer, [s for g in dev_groups for s in g]).grads
     scores = influence_scores(trainer, questions, dev)
     sgd = influence_scores(trainer, questions, dev, precondition=False)
 
@@ -104,7 +105,58 @@ def test_scores_match_brute_force(setting, warm_steps, monkeypatch):
 
 def test_zero_gradient_scores_zero(setting):
     trainer, questions, dev_groups = setting
-    dev = dev_gradient(trainer, [s for g in dev_groups for s in g])
+    dev = dev_gradient(trainer, [s for g in dev_groups for s in g]).grads
     flat = [TrainSample(s.prompt_ids, s.completion_ids, [], 0.0) for s in questions[0]]  # zero advantages
     (result,) = influence_scores(trainer, [flat], dev)
     assert result.score == 0.0 and result.grad_norm == 0.0
+
+
+def test_dev_gradient_halves_sum_to_the_whole_and_give_the_halves_cosine(setting):
+    trainer, questions, dev_groups = setting
+    first, second = [s for g in questions[:2] for s in g], [s for g in questions[2:] + dev_groups for s in g]
+    whole = dev_gradient(trainer, first + second)
+    split = dev_gradient(trainer, first, second)
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(whole.grads, split.grads))
+    assert split.norm == pytest.approx(whole.norm, rel=1e-6) and math.isnan(whole.half_cosine)  # one half empty
+    model = copy.deepcopy(trainer.model).train()
+    assert split.half_cosine == pytest.approx(cosine(explicit_gradient(model, first), explicit_gradient(model, second)),
+                                              abs=1e-5)
+    assert all(p.grad is None for p in trainable(trainer))
+
+
+def explicit_gain(trainer: PolicyTrainer, question: list[TrainSample], dev: list[TrainSample], rollouts: int) -> float:
+    """(1/rollouts) sum_i A_i (pi'(a_i)/pi(a_i) - 1) with a deep-copied trainer, each sequence in its own forward."""
+    def logprob(model, s):
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(s.prompt_ids) - 1:-1].double()
+        return float(logits.log_softmax(-1).gather(-1, torch.tensor(s.completion_ids)[:, None]).sum())
+
+    before = [logprob(trainer.model, s) for s in dev]
+    twin = copy.deepcopy(trainer)
+    twin.update(question)
+    return sum(s.advantage * (torch.tensor(logprob(twin.model, s) - b).exp().item() - 1)
+               for s, b in zip(dev, before)) / rollouts
+
+
+def test_one_step_dev_gains_match_a_copied_trainer_and_restore_it(setting):
+    trainer, questions, dev_groups = setting
+    trainer.update([s for s in questions[0]])  # live optimizer state
+    dev = [s for g in dev_groups for s in g]
+    params = trainable(trainer)
+    weights = [p.detach().clone() for p in params]
+    state = copy.deepcopy(trainer.optimizer.state_dict())
+    done = trainer.updates_done
+    expected = [explicit_gain(trainer, q, dev, 10) for q in questions]
+    gains = one_step_dev_gains(trainer, questions, dev, 10)
+    assert gains == pytest.approx(expected, rel=1e-4, abs=1e-9) and len(set(gains)) == 3
+    # training on the dev rollouts themselves raises the dev reward; with the advantages negated it lowers it
+    (same,) = one_step_dev_gains(trainer, [dev], dev, 10)
+    (negated,) = one_step_dev_gains(trainer, [[TrainSample(s.prompt_ids, s.completion_ids, [], -s.advantage)
+                                                for s in dev]], dev, 10)
+    assert same > 0 > negated
+    assert all(torch.equal(w, p) for w, p in zip(weights, params)) and trainer.updates_done == done
+    after = trainer.optimizer.state_dict()
+    for key, values in state["state"].items():
+        assert all(torch.equal(values[name], after["state"][key][name]) for name in values)
+    assert all(p.grad is None for p in params)

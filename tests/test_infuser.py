@@ -103,3 +103,32 @@ def test_cli_run_and_resume(tmp_path, random_model_dir):
     samples = [json.loads(line) for line in (out / "samples" / "step_000003.jsonl").read_text().splitlines()]
     assert len([s for s in samples if s["role"] == "generator"]) == 4
     assert all(s["reward"] == 0.0 and not s["valid"] for s in samples)  # a random model writes nothing valid
+
+
+def test_dev_set_mixes_levels_evenly():
+    from coevolve.documents import dev_set
+    from coevolve.tasks import arith
+
+    dev = dev_set("arith", 10, levels=[1, 2, 4])
+    assert [p.level for p in dev] == [1, 2, 4, 1, 2, 4, 1, 2, 4, 1]
+    assert all(p.doc and arith.evaluate(p.question, p.doc) == int(p.answer) for p in dev)
+    assert [p.question for p in dev if p.level == 2] == [p.question for p in arith.held_out(2, 3, grounded=True)]
+    _, small, _ = resolve("infuser", preset="small")
+    assert (small.dev_size, small.dev_rollouts, small.dev_levels) == (128, 8, [1, 2, 3, 4])
+    config, _, _ = resolve("infuser", preset="small")
+    assert config.rollout.max_new_tokens >= config.eval_max_new_tokens and small.generator_max_tokens >= 96
+
+
+def test_diagnostics_half_cosine_and_validity(random_model_dir):
+    recipe = make_recipe(random_model_dir, "params.validity_every=1", "params.dev_rollouts=6")
+    recipe.read_generation = lambda text, doc: ("a+b", "1")  # every output valid: enough informative questions
+    recipe.dev = [Problem("a+b", "1", "a=1,b=0,c=0"), Problem("a*b", "0", "a=1,b=0,c=0"),
+                  Problem("a-b", "1", "a=1,b=0,c=0"), Problem("b-a", "0", "a=1,b=0,c=0")] * 2
+    out = recipe.step(1)
+    m = out.metrics
+    assert m["dev/groups_kept"] >= 2 and -1 <= m["dev/half_cosine"] <= 1
+    assert m["influence/validity_questions"] == m["questions/retained"] >= 3
+    assert -1 <= m["influence/validity_spearman"] <= 1
+    assert m["generator/optimizer_steps"] >= 1 and m["solver/optimizer_steps"] >= 1
+    frozen = make_recipe(random_model_dir, "frozen_generator=true").step(1).metrics
+    assert frozen["generator/optimizer_steps"] == 0 and "dev/half_cosine" not in frozen

@@ -5,6 +5,7 @@ start from the same weights, each with its own AdamW. One step is one iteration 
 
 Phase 1  dev reference: n solver rollouts on every dev question (q̃, ã*), r̃ = 1[ã ≡ ã*], Â = r̃ - mean (Dr.GRPO);
          zero-variance dev groups dropped; ĝ_dev = ∇_θ of the clipped objective (2.10) on the rest (no step).
+         (``dev_rollouts`` may differ from n; the paper uses n for both.)
 Phase 2  generation: B documents (walked without replacement, reshuffled each epoch); n generator outputs each,
          parsed into (q, a_φ) or marked invalid.
 Phase 3  solving: n solver rollouts per valid question, r = 1[a ≡ a_φ], Â = r - mean; zero-variance questions score 0
@@ -20,8 +21,9 @@ of the iteration. ``frozen_generator: true`` is Fix-gen (Phases 1, 4 and 5 skipp
 
 Tasks. ``arith`` (tiny-arith): documents are fact sheets, the generator's prompt is ``D:<sheet>\nW:\n`` and its
 output ``Q:<expr>\nS:<trace>\nA:<a_φ>``; valid when the expression parses over the sheet and a_φ is an integer. The
-question names the sheet's variables, so the solver reads the sheet with it. The dev set is the grounded level-4
-held-out slice (:func:`coevolve.documents.dev_set`), which the plain ``arith_l*`` evaluation sets do not contain.
+question names the sheet's variables, so the solver reads the sheet with it. The dev set is an even mix of the
+grounded held-out slices of ``dev_levels`` (:func:`coevolve.documents.dev_set`), which the plain ``arith_l*``
+evaluation sets do not contain.
 ``math`` (chat models): documents are OpenStax chunks (or ``document_source``), the generator writes the free-form
 variant's JSON (§5.2: ``question_text``, ``ground_truth``; the long hardening fields are dropped at this scale, spec
 §13 item 14), the dev set is MATH test outside MATH-500 (``dev_source: gsm8k`` for GSM8K test). The dev set is never
@@ -44,6 +46,21 @@ paper's 1/C and the token mean under ``token_mean``. TIS (ρ_max = 2) is on, tho
 here (weights about 1). MCQ generation (the paper's default, §5.1) is not here: the task registry has no MCQ task yet;
 ``dev_set("mcq", ...)`` exists for it.
 
+Step structure (both roles, paper and code, spec §3 lines 17-19): M = 32 prompts x n = 8 = 256 sequences per AdamW
+step, 1 PPO epoch, so a step takes about ceil(retained / M) generator and solver steps; ``minibatch_prompts`` is M and
+``train.epochs`` the epochs. ``<role>/optimizer_steps`` logs them.
+
+Is the reward signal? Each step logs ``dev/groups_kept`` (informative dev groups), ``dev/half_cosine`` (the cosine
+between the dev gradients of two random halves of the dev set: near 0, one draw of ĝ_dev is noise) and, every
+``validity_every`` steps, ``influence/validity_spearman``: the rank correlation between ŝ and the change in dev
+reward after one real update on each question alone (the validity check of spec §12.2; the change is estimated on
+the Phase-1 dev rollouts by importance weighting, :func:`coevolve.rl.influence.one_step_dev_gains`).
+
+``small`` (tiny-arith): 8 fact sheets x 4 outputs x 4 answers per step; the dev set is 128 grounded questions of
+levels 1-4 (32 each) x 8 rollouts, which the untrained solver answers about 25% right when sampling (measured: 81%,
+6-9%, 6%, 6% at levels 1-4), so about a third of its groups are informative (a level-4-only dev set of 32 x 4, about
+5% right, left 4-7); generator and solver budgets are 96 tokens, the evaluation budget.
+
 Ablations (Table 10): ``influence: sgd_cosine`` (Γ̂ = ĝ), ``generator_advantage: grpo | batch_norm`` (group_std /
 batch_std), ``frozen_generator: true`` (Fix-gen).
 """
@@ -52,12 +69,14 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
+from scipy.stats import spearmanr
 
 from coevolve.documents import DocumentPool, dev_set, load_documents, tokenizer_counter
 from coevolve.grading.extract import braces_balanced
@@ -65,7 +84,7 @@ from coevolve.models import Policy
 from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput, mean, register, role_metrics,
                                    step_seed, train_samples)
 from coevolve.rl.advantages import compute_advantages, dr_grpo_advantages, nonzero_variance_mask
-from coevolve.rl.influence import dev_gradient, influence_scores
+from coevolve.rl.influence import DevGradient, dev_gradient, influence_scores, one_step_dev_gains
 from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
@@ -137,7 +156,11 @@ class InfuserParams(RecipeParams):
     minibatch_prompts: int = Field(32, gt=0, description="M, documents (generator) or questions (solver) per step")
     dev_size: int = Field(800, gt=0, description="|𝒟_dev|, all used every iteration")
     dev_source: str | None = Field(None, description="math: 'math' (default) or 'gsm8k'; mcq: 'supergpqa'")
-    dev_level: int = Field(4, ge=1, le=6, description="arith: level of the held-out dev slice")
+    dev_levels: list[int] = Field([1, 2, 3, 4], min_length=1, description="arith: levels of the held-out dev slices")
+    dev_rollouts: int | None = Field(None, gt=1, description="solver rollouts per dev question (default n, as the "
+                                                              "paper)")
+    validity_every: int = Field(0, ge=0, description="every K steps, rank-correlate ŝ with the dev-reward change of "
+                                                     "one update on each question alone (0: never)")
     document_source: str | None = Field(None, description="arith | openstax | proofwiki | a path; default by task")
     document_min_tokens: int = Field(200, gt=0, description="T_min of a chunk")
     document_max_tokens: int = Field(2048, gt=0, description="T_max of a chunk")
@@ -191,12 +214,13 @@ class Infuser(Recipe):
                   "loss_agg": "token_sum_norm"},
     }
     presets = {
-        "small": {  # tiny-arith, fact sheets, dev = grounded level-4 held-out slice; ~3 s a step on a quiet core
+        "small": {  # tiny-arith, fact sheets, dev 128 x 8; ~7 s a step on one core (Phase 1: ~6 s), was ~3 s
             "model": "tiny-arith", "task": "arith", "steps": 200, "eval_every": 50,
-            "rollout": {"temperature": 1.0, "max_new_tokens": 64},
+            "rollout": {"temperature": 1.0, "max_new_tokens": 96},
             "train": {"lr": 3e-5, "micro_batch_size": 16},
-            "params": {"documents_per_step": 8, "group_size": 4, "dev_size": 32, "minibatch_prompts": 8,
-                       "generator_lr": 3e-5, "generator_max_tokens": 64, "document_source": "arith"},
+            "params": {"documents_per_step": 8, "group_size": 4, "dev_size": 128, "dev_rollouts": 8,
+                       "dev_levels": [1, 2, 3, 4], "minibatch_prompts": 8, "generator_lr": 3e-5,
+                       "generator_max_tokens": 96, "document_source": "arith", "validity_every": 20},
         },
         "paper": _PAPER_SCALE,
         "reference_code": {**_PAPER_SCALE, "train": {**_PAPER_SCALE["train"], "loss_agg": "token_mean"}},
@@ -219,7 +243,8 @@ class Infuser(Recipe):
             count=tokenizer_counter(self.generator.tokenizer), data_dir=config.data_dir,
             limit=params.document_pool_size, seed=config.seed)
         self.dev: list[Problem] = dev_set(config.task, params.dev_size, source=params.dev_source, seed=config.seed,
-                                          data_dir=config.data_dir, level=params.dev_level)
+                                          data_dir=config.data_dir, levels=params.dev_levels)
+        self.dev_rollouts = params.dev_rollouts or params.group_size
         self.generator_sampling = replace(self.sampling, max_new_tokens=params.generator_max_tokens)
 
     def trainers(self):
@@ -233,10 +258,10 @@ class Infuser(Recipe):
         p, timer, seed = self.params, PhaseTimer(), self.config.seed
         learning = not self.config.frozen_generator
         dev_stats: dict[str, float] = {}
-        reference = None
+        reference, dev_samples = None, []
         if learning:
             with timer("dev"):  # Phase 1
-                reference, dev_stats = self.dev_reference(step_seed(seed, step, "dev"))
+                reference, dev_samples, dev_stats = self.dev_reference(step)
         docs = self.documents.take(seed, (step - 1) * p.documents_per_step, p.documents_per_step)
         with timer("generate"):  # Phase 2
             groups = self.sample_groups(self.generator, [self.generator_prompt(d) for d in docs], p.group_size,
@@ -250,9 +275,12 @@ class Infuser(Recipe):
         if reference is not None and retained:
             with timer("influence"):  # Phase 4
                 scores = influence_scores(self.solver_trainer, [self.solver_samples([x]) for x in retained],
-                                          reference, precondition=p.influence == "preconditioned_cosine")
+                                          reference.grads, precondition=p.influence == "preconditioned_cosine")
             for x, s in zip(retained, scores):
                 x.influence, x.grad_norm = s.score, s.grad_norm
+            if p.validity_every and step % p.validity_every == 0 and len(retained) >= 3:
+                with timer("validity"):
+                    dev_stats.update(self.validity(retained, dev_samples))
         for x in generated:  # Phase 4, line 12: invalid outputs get ρ_inv; unscored valid ones 0
             x.reward = (x.influence or 0.0) if x.valid else p.rho_inv
         stats: dict[str, float] = {}
@@ -260,28 +288,46 @@ class Infuser(Recipe):
             with timer("update_generator"):  # Phase 5
                 stats.update(self.update_generator(generated))
         with timer("update_solver"):  # Phase 6
-            stats.update(role_metrics("solver", self.solver_trainer.update(self.solver_samples(retained))))
-        return StepOutput({**self.step_metrics(generated), **dev_stats, **stats, **timer},
+            solver_batch = self.solver_samples(retained)
+            stats.update(role_metrics("solver", self.solver_trainer.update(solver_batch)))
+            stats["solver/advantage_abs_mean"] = mean([abs(x.advantage) for x in solver_batch])
+        idle = {f"{role}/optimizer_steps": 0 for role in self.trainers()}
+        return StepOutput({**idle, **self.step_metrics(generated), **dev_stats, **stats, **timer},
                           self.records(step, generated))
 
     # --- the pieces ---------------------------------------------------------------------------------------------
-    def dev_reference(self, seed: int):
-        """Phase 1: ĝ_dev from n solver rollouts per dev question (None when every dev group has zero variance)."""
+    def dev_reference(self, step: int) -> tuple[DevGradient | None, list[TrainSample], dict[str, float]]:
+        """Phase 1: ĝ_dev from the dev rollouts (None when every dev group has zero variance), the informative dev
+        rollouts, and diagnostics: informative groups, and the cosine between the gradients of two random halves of
+        the dev set (how far one draw of ĝ_dev is from noise)."""
+        seed, n = self.config.seed, self.dev_rollouts
         prompts = [self.solver_prompt(d.question, d.doc) for d in self.dev]
-        groups = self.sample_groups(self.solver_policy, prompts, self.params.group_size, seed)
-        samples, rewards = [], []
-        for problem, group in zip(self.dev, groups):
+        groups = self.sample_groups(self.solver_policy, prompts, n, step_seed(seed, step, "dev"))
+        second = set(random.Random(step_seed(seed, step, "dev_halves")).sample(range(len(self.dev)),
+                                                                               len(self.dev) // 2))
+        halves: tuple[list[TrainSample], list[TrainSample]] = ([], [])
+        rewards = []
+        for i, (problem, group) in enumerate(zip(self.dev, groups)):
             r = [float(self.task.is_correct(self.task.parse_answer(c.text, self.style), problem.answer)) for c in group]
             rewards += r
             if len(set(r)) > 1:
-                samples += train_samples(group, dr_grpo_advantages(r, [0] * len(r)), "solver")
-        kept = len(samples) // self.params.group_size
-        stats = {"dev/reward_mean": mean(rewards), "dev/groups_kept": float(kept)}
+                halves[i in second].extend(train_samples(group, dr_grpo_advantages(r, [0] * len(r)), "solver"))
+        samples = halves[0] + halves[1]
+        stats = {"dev/reward_mean": mean(rewards), "dev/groups_kept": float(len(samples) // n)}
         if not samples:
-            return None, stats
-        reference = dev_gradient(self.solver_trainer, samples)
-        stats["dev/grad_norm"] = float(sum(float(g.double().square().sum()) for g in reference)) ** 0.5
-        return reference, stats
+            return None, [], stats
+        reference = dev_gradient(self.solver_trainer, *halves)
+        stats.update({"dev/grad_norm": reference.norm, "dev/half_cosine": reference.half_cosine})
+        return reference, samples, stats
+
+    def validity(self, retained: list[Generated], dev_samples: list[TrainSample]) -> dict[str, float]:
+        """The paper's validity check (spec §12.2): Spearman correlation between ŝ and the actual change in dev
+        reward after one solver update on each question alone (:func:`coevolve.rl.influence.one_step_dev_gains`)."""
+        gains = one_step_dev_gains(self.solver_trainer, [self.solver_samples([x]) for x in retained], dev_samples,
+                                   len(self.dev) * self.dev_rollouts)
+        rho = spearmanr([x.influence for x in retained], gains).statistic
+        return {"influence/validity_spearman": float(rho), "influence/validity_questions": float(len(retained)),
+                "influence/validity_gain_mean": mean(gains)}
 
     def generator_prompt(self, doc: str) -> str:
         if self.arith:
@@ -331,7 +377,8 @@ class Infuser(Recipe):
             train_samples([x.output for x in chosen], [x.advantage for x in chosen], "generator")))
         stds = [float(np.std([x.reward for x in generated if x.group == g], ddof=1))
                 for g in sorted({x.group for x in chosen})]
-        stats.update({"generator/documents_kept": float(len(stds)), "generator/sigma_B": mean(stds)})
+        stats.update({"generator/documents_kept": float(len(stds)), "generator/sigma_B": mean(stds),
+                      "generator/advantage_abs_mean": mean([abs(x.advantage) for x in chosen])})
         return stats
 
     # --- logging ------------------------------------------------------------------------------------------------

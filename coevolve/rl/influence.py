@@ -19,11 +19,17 @@ old log-probs are the current ones, θ = θ_old, so the ratio is 1 and no extra 
 pass over the parameters per question.
 
 Norms are clamped at 1e-12 (spec §4.7); a zero gradient scores 0.
+
+Diagnostics (is the score signal or noise?): :func:`dev_gradient` also returns the cosine between the dev gradients of
+two disjoint halves of the dev set (how reproducible ĝ_dev is), and :func:`one_step_dev_gains` the change in dev reward
+after one real update on a single question, which ŝ approximates to first order (the validity check of spec §12.2).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,18 +46,25 @@ def trainable(trainer: PolicyTrainer) -> list[torch.nn.Parameter]:
     return [p for group in trainer.optimizer.param_groups for p in group["params"]]
 
 
-def accumulate_policy_gradient(trainer: PolicyTrainer, samples: Sequence[TrainSample]) -> None:
+def batch_totals(samples: Sequence[TrainSample]) -> dict[str, int]:
+    """The mini-batch totals the loss aggregation divides by: completion tokens and sequences."""
+    return {"total_tokens": sum(len(s.completion_ids) for s in samples), "total_sequences": len(samples)}
+
+
+def accumulate_policy_gradient(trainer: PolicyTrainer, samples: Sequence[TrainSample],
+                               totals: Mapping[str, int] | None = None) -> None:
     """Add ∇_θ of the trainer's clipped objective (2.10) on ``samples`` to ``.grad`` at θ_old = θ (no step).
 
     The samples form one mini-batch: the loss aggregation (``loss_agg``, Dr.GRPO's C, token totals) is the one
-    ``trainer.update`` would use for them, so this is the gradient of one update on exactly these samples. The
-    ratio is 1 (the clip is inactive); TIS weights min(π_old/π_rollout, cap) apply when ``tis_cap`` is set.
+    ``trainer.update`` would use for them, so this is the gradient of one update on exactly these samples. With
+    ``totals`` of a larger mini-batch it is these samples' share of that mini-batch's gradient instead. The ratio is 1
+    (the clip is inactive); TIS weights min(π_old/π_rollout, cap) apply when ``tis_cap`` is set.
     """
     st = trainer.settings
     samples = [s for s in samples if s.completion_ids]
     if not samples:
         return
-    totals = {"total_tokens": sum(len(s.completion_ids) for s in samples), "total_sequences": len(samples)}
+    totals = dict(totals) if totals is not None else batch_totals(samples)
     was_training = trainer.model.training
     trainer.model.train()
     for start in range(0, len(samples), st.micro_batch_size):
@@ -71,19 +84,46 @@ def accumulate_policy_gradient(trainer: PolicyTrainer, samples: Sequence[TrainSa
     trainer.model.train(was_training)
 
 
-def dev_gradient(trainer: PolicyTrainer, samples: Sequence[TrainSample]) -> list[torch.Tensor]:
-    """ĝ_dev (2.11): the solver's policy gradient on the dev rollouts, one tensor per trainable parameter.
+@dataclass(frozen=True)
+class DevGradient:
+    """ĝ_dev, its norm, and the cosine between the parts two halves of the dev set contribute to it."""
+
+    grads: list[torch.Tensor]  # one tensor per trainable parameter
+    norm: float
+    half_cosine: float  # NaN when a half has no rollouts
+
+
+def dev_gradient(trainer: PolicyTrainer, first: Sequence[TrainSample],
+                 second: Sequence[TrainSample] = ()) -> DevGradient:
+    """ĝ_dev (2.11): the solver's policy gradient on the dev rollouts of ``first`` and ``second`` together.
 
     Pass the rollouts of the dev groups with non-zero variance and their mean-centred advantages; with the
     per-sequence aggregations and n rollouts per question this is the per-question average the paper writes.
-    The ``.grad`` buffers are zeroed afterwards; the optimizer is not touched.
+    Each half's part is its share of the gradient of the loss over both (the same aggregation totals): the parts sum
+    to ĝ_dev, and each is its half's own gradient times a positive factor, so ``half_cosine`` is the cosine between
+    two independent estimates of the dev gradient. The ``.grad`` buffers are zeroed afterwards; the optimizer is not
+    touched.
     """
     params = trainable(trainer)
+    first, second = [s for s in first if s.completion_ids], [s for s in second if s.completion_ids]
+    totals = batch_totals([*first, *second])
     trainer.optimizer.zero_grad(set_to_none=True)
-    accumulate_policy_gradient(trainer, samples)
+    accumulate_policy_gradient(trainer, first, totals)
     grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
     trainer.optimizer.zero_grad(set_to_none=True)
-    return grads
+    accumulate_policy_gradient(trainer, second, totals)
+    dot = first_sq = second_sq = 0.0
+    for g, p in zip(grads, params):
+        first_sq += float(g.double().square().sum())
+        if p.grad is not None:
+            dot += float((g.double() * p.grad.double()).sum())
+            second_sq += float(p.grad.double().square().sum())
+            g.add_(p.grad)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    floor = NORM_FLOOR ** 2
+    cosine = dot / math.sqrt(first_sq * second_sq) if first_sq > floor and second_sq > floor else float("nan")
+    norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads))
+    return DevGradient(grads, norm, cosine)
 
 
 @dataclass(frozen=True)
@@ -163,3 +203,48 @@ def influence_scores(trainer: PolicyTrainer, questions: Sequence[Sequence[TrainS
         scores.append(influence_of_gradient(params, dev, dev_norm, preconditioners))
     trainer.optimizer.zero_grad(set_to_none=True)
     return scores
+
+
+@torch.no_grad()
+def _logprob_sums(trainer: PolicyTrainer, samples: Sequence[TrainSample]) -> torch.Tensor:
+    """log π_θ(a | q) of each sample's whole completion (float64), in micro-batches."""
+    sums = []
+    for start in range(0, len(samples), trainer.settings.micro_batch_size):
+        part = samples[start:start + trainer.settings.micro_batch_size]
+        logprobs, mask = sequence_logprobs(trainer.model, part, trainer.pad_id, trainer.settings.temperature)
+        sums.append((logprobs.double() * mask).sum(1))
+    return torch.cat(sums)
+
+
+def one_step_dev_gains(trainer: PolicyTrainer, questions: Sequence[Sequence[TrainSample]],
+                       dev: Sequence[TrainSample], dev_rollouts: int) -> list[float]:
+    """For each question, the change in mean dev reward after one real solver update on its rollouts alone.
+
+    The paper's validity check of ŝ (spec §12.2: ŝ is the first-order term of this change). The change is estimated
+    on the Phase-1 dev rollouts by importance weighting,
+
+        ΔĴ ≈ (1 / dev_rollouts) Σ_i A_i (π_θ'(a_i | q_i) / π_θ(a_i | q_i) - 1),    A_i = r_i - mean of its group,
+
+    over ``dev``, the rollouts of the informative dev groups with their mean-centred advantages (the group baseline
+    does not change the expectation, and zero-variance groups add nothing); ``dev_rollouts`` counts all dev rollouts.
+    The update is ``trainer.update`` on the question's rollouts (one AdamW step when they fit one mini-batch). The
+    weights, optimizer state and update count are restored after each question.
+    """
+    model, was_training = trainer.model, trainer.model.training
+    model.eval()
+    before = _logprob_sums(trainer, dev)
+    advantages = torch.tensor([s.advantage for s in dev], dtype=torch.float64)
+    weights = copy.deepcopy(model.state_dict())
+    optimizer_state = copy.deepcopy(trainer.optimizer.state_dict())
+    updates_done = trainer.updates_done
+    gains = []
+    for rollouts in questions:
+        trainer.update(rollouts)
+        ratio = torch.exp(_logprob_sums(trainer, dev) - before)
+        gains.append(float((advantages * (ratio - 1.0)).sum()) / dev_rollouts)
+        model.load_state_dict(weights)
+        trainer.optimizer.load_state_dict(copy.deepcopy(optimizer_state))  # loading may keep the given tensors
+        trainer.updates_done = updates_done
+    trainer.optimizer.zero_grad(set_to_none=True)
+    model.train(was_training)
+    return gains
