@@ -142,6 +142,8 @@ def test_novelty_and_selection_by_hand(random_model_dir):
     assert out.metrics["opensir/valid_rate"] == pytest.approx(10 / 16)
     assert out.metrics["opensir/in_window"] == 5  # three "2+3" at 3/4, "4*5" and "(1+2)*3" at 2/4
     assert out.metrics["pool/concepts"] == len(recipe.pool.concepts)
+    assert out.metrics["generator/advantage_abs_mean"] == pytest.approx(sum(abs(s.advantage) for s in samples[:8]) / 8)
+    assert out.metrics["solver/advantage_abs_mean"] == pytest.approx(sum(abs(s.advantage) for s in samples[8:]) / 8)
 
 
 @pytest.mark.parametrize("sets, roles", [

@@ -6,6 +6,10 @@ Per step (DeepSeekMath's GRPO):
     3. reward r = 1 if the extracted answer equals the ground truth, else 0;
     4. advantage = group z-score of r (or another estimator from ``coevolve.rl.advantages``);
     5. one clipped policy-gradient update.
+
+``paper`` takes DeepSeekMath's step structure (its §4.2: one policy update per exploration stage): a single AdamW
+step on the whole batch, 1 epoch. ``solver/optimizer_steps`` logs the steps taken and ``solver/advantage_abs_mean``
+the advantage scale.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class GRPO(Recipe):
         "paper": {  # DeepSeekMath GRPO / the specs' common solver settings for real models
             "model": "smollm2-135m", "task": "math", "steps": 200,
             "rollout": {"temperature": 1.0, "max_new_tokens": 512},
-            "train": {"lr": 1e-6, "kl_beta": 0.0, "micro_batch_size": 4},
+            "train": {"lr": 1e-6, "kl_beta": 0.0, "micro_batch_size": 4, "mini_batch_size": 0, "epochs": 1},
             "params": {"questions_per_step": 32, "group_size": 8},
             "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 512,
         },
@@ -87,6 +91,7 @@ class GRPO(Recipe):
         } for c, g, a, r, adv in zip(completions, group_ids, answers, rewards, advantages)]
         return StepOutput(
             metrics={"solver/reward_mean": mean(rewards), "reward/correct": mean(rewards),
+                     "solver/advantage_abs_mean": mean([abs(float(a)) for a, k in zip(advantages, keep) if k]),
                      "tokens/solver": sum(len(c.token_ids) for c in completions),
                      **role_metrics("solver", stats), **timer},
             samples=records,

@@ -44,6 +44,10 @@ item  what                          paper (``paper``)                     releas
 (a) over the other problems of the batch and the pool; the batch is the step's valid problems here, the 32
 problems of one micro-batch in the code.
 
+Step structure: both presets take one AdamW step per step on the B = 256 trained sequences (B/2 teacher + B/2
+student), 1 epoch (``train.mini_batch_size: 0``, ``train.epochs: 1``): the code accumulates 8 micro-steps on each of
+2 GPUs into one optimizer step, on-policy (``num_iterations`` 1; spec §4.8). ``policy/optimizer_steps`` logs it.
+
 Not reproduced (need pieces outside this recipe): the code's 512-problem bootstrap pool (item 1; both presets
 start from the seed), its loss mask over the ``<concepts>`` span (item 15; the trainer has no per-token mask) and
 the 20-step learning-rate warm-up (item 12; the trainer has no schedule). The encoder is all-MiniLM-L6-v2 (the
@@ -447,5 +451,7 @@ class OpenSIR(Recipe):
             "tokens/solver": sum(len(s.token_ids) for s in solutions),
             "length/generator": mean([len(c.completion.token_ids) for c in candidates]),
             "length/solver": mean([len(s.token_ids) for s in solutions]),
+            "generator/advantage_abs_mean": mean([abs(c.advantage) for c in candidates if c.advantage is not None]),
+            "solver/advantage_abs_mean": mean([abs(a) for c in student_problems for a in c.student_advantages]),
             **role_metrics("policy", stats), **timer,
         }
