@@ -53,13 +53,16 @@ step, 1 PPO epoch, so a step takes about ceil(retained / M) generator and solver
 Is the reward signal? Each step logs ``dev/groups_kept`` (informative dev groups), ``dev/half_cosine`` (the cosine
 between the dev gradients of two random halves of the dev set: near 0, one draw of ĝ_dev is noise) and, every
 ``validity_every`` steps, ``influence/validity_spearman``: the rank correlation between ŝ and the change in dev
-reward after one real update on each question alone (the validity check of spec §12.2; the change is estimated on
-the Phase-1 dev rollouts by importance weighting, :func:`coevolve.rl.influence.one_step_dev_gains`).
+reward after one real update on each question alone (the validity check of spec §12.2), estimated by importance
+weighting on fresh dev rollouts (:func:`coevolve.rl.influence.one_step_dev_gains`); ``..._same_rollouts`` estimates it
+on Phase 1's rollouts, which ĝ_dev shares, so it checks only the first-order approximation.
 
 ``small`` (tiny-arith): 8 fact sheets x 4 outputs x 4 answers per step; the dev set is 128 grounded questions of
 levels 1-4 (32 each) x 8 rollouts, which the untrained solver answers about 25% right when sampling (measured: 81%,
 6-9%, 6%, 6% at levels 1-4), so about a third of its groups are informative (a level-4-only dev set of 32 x 4, about
-5% right, left 4-7); generator and solver budgets are 96 tokens, the evaluation budget.
+5% right, left 4-7); generator and solver budgets are 96 tokens, the evaluation budget. Phase 1's 1,024 dev
+rollouts and its backward over the informative ones take most of a step (about 5 of 6 s on one core; 256 prompts per
+sampling batch save about 1 s).
 
 Ablations (Table 10): ``influence: sgd_cosine`` (Γ̂ = ĝ), ``generator_advantage: grpo | batch_norm`` (group_std /
 batch_std), ``frozen_generator: true`` (Fix-gen).
@@ -214,9 +217,9 @@ class Infuser(Recipe):
                   "loss_agg": "token_sum_norm"},
     }
     presets = {
-        "small": {  # tiny-arith, fact sheets, dev 128 x 8; ~7 s a step on one core (Phase 1: ~6 s), was ~3 s
+        "small": {  # tiny-arith, fact sheets, dev 128 x 8: ~6 s a step on one core, ~5 s of it Phase 1
             "model": "tiny-arith", "task": "arith", "steps": 200, "eval_every": 50,
-            "rollout": {"temperature": 1.0, "max_new_tokens": 96},
+            "rollout": {"temperature": 1.0, "max_new_tokens": 96, "batch_size": 256},
             "train": {"lr": 3e-5, "micro_batch_size": 16},
             "params": {"documents_per_step": 8, "group_size": 4, "dev_size": 128, "dev_rollouts": 8,
                        "dev_levels": [1, 2, 3, 4], "minibatch_prompts": 8, "generator_lr": 3e-5,
@@ -280,7 +283,7 @@ class Infuser(Recipe):
                 x.influence, x.grad_norm = s.score, s.grad_norm
             if p.validity_every and step % p.validity_every == 0 and len(retained) >= 3:
                 with timer("validity"):
-                    dev_stats.update(self.validity(retained, dev_samples))
+                    dev_stats.update(self.validity(step, retained, dev_samples))
         for x in generated:  # Phase 4, line 12: invalid outputs get ρ_inv; unscored valid ones 0
             x.reward = (x.influence or 0.0) if x.valid else p.rho_inv
         stats: dict[str, float] = {}
@@ -300,34 +303,44 @@ class Infuser(Recipe):
         """Phase 1: ĝ_dev from the dev rollouts (None when every dev group has zero variance), the informative dev
         rollouts, and diagnostics: informative groups, and the cosine between the gradients of two random halves of
         the dev set (how far one draw of ĝ_dev is from noise)."""
-        seed, n = self.config.seed, self.dev_rollouts
-        prompts = [self.solver_prompt(d.question, d.doc) for d in self.dev]
-        groups = self.sample_groups(self.solver_policy, prompts, n, step_seed(seed, step, "dev"))
+        seed = self.config.seed
         second = set(random.Random(step_seed(seed, step, "dev_halves")).sample(range(len(self.dev)),
                                                                                len(self.dev) // 2))
         halves: tuple[list[TrainSample], list[TrainSample]] = ([], [])
         rewards = []
-        for i, (problem, group) in enumerate(zip(self.dev, groups)):
-            r = [float(self.task.is_correct(self.task.parse_answer(c.text, self.style), problem.answer)) for c in group]
+        for i, (group, r) in enumerate(self.dev_rollouts_of(step_seed(seed, step, "dev"))):
             rewards += r
             if len(set(r)) > 1:
                 halves[i in second].extend(train_samples(group, dr_grpo_advantages(r, [0] * len(r)), "solver"))
         samples = halves[0] + halves[1]
-        stats = {"dev/reward_mean": mean(rewards), "dev/groups_kept": float(len(samples) // n)}
+        stats = {"dev/reward_mean": mean(rewards), "dev/groups_kept": float(len(samples) // self.dev_rollouts)}
         if not samples:
             return None, [], stats
         reference = dev_gradient(self.solver_trainer, *halves)
         stats.update({"dev/grad_norm": reference.norm, "dev/half_cosine": reference.half_cosine})
         return reference, samples, stats
 
-    def validity(self, retained: list[Generated], dev_samples: list[TrainSample]) -> dict[str, float]:
-        """The paper's validity check (spec §12.2): Spearman correlation between ŝ and the actual change in dev
-        reward after one solver update on each question alone (:func:`coevolve.rl.influence.one_step_dev_gains`)."""
-        gains = one_step_dev_gains(self.solver_trainer, [self.solver_samples([x]) for x in retained], dev_samples,
-                                   len(self.dev) * self.dev_rollouts)
-        rho = spearmanr([x.influence for x in retained], gains).statistic
-        return {"influence/validity_spearman": float(rho), "influence/validity_questions": float(len(retained)),
-                "influence/validity_gain_mean": mean(gains)}
+    def dev_rollouts_of(self, seed: int) -> list[tuple[list[Completion], list[float]]]:
+        """``dev_rollouts`` solver answers to every dev question, with their rewards r̃ = 1[ã ≡ ã*]."""
+        prompts = [self.solver_prompt(d.question, d.doc) for d in self.dev]
+        groups = self.sample_groups(self.solver_policy, prompts, self.dev_rollouts, seed)
+        return [(group, [float(self.task.is_correct(self.task.parse_answer(c.text, self.style), problem.answer))
+                         for c in group]) for problem, group in zip(self.dev, groups)]
+
+    def validity(self, step: int, retained: list[Generated], dev_samples: list[TrainSample]) -> dict[str, float]:
+        """The paper's validity check (spec §12.2): Spearman correlation between ŝ and the change in dev reward after
+        one solver update on each question alone (:func:`coevolve.rl.influence.one_step_dev_gains`), estimated on
+        fresh dev rollouts (``validity_spearman``: the actual change, its noise independent of ĝ_dev's) and on
+        Phase 1's (``validity_spearman_same_rollouts``: how well the first-order term predicts the step)."""
+        fresh = [s for group, r in self.dev_rollouts_of(step_seed(self.config.seed, step, "dev_validity"))
+                 if len(set(r)) > 1 for s in train_samples(group, dr_grpo_advantages(r, [0] * len(r)), "solver")]
+        questions, scores = [self.solver_samples([x]) for x in retained], [x.influence for x in retained]
+        total = len(self.dev) * self.dev_rollouts
+        gains = one_step_dev_gains(self.solver_trainer, questions, fresh, total) if fresh else []
+        same = one_step_dev_gains(self.solver_trainer, questions, dev_samples, total)
+        return {"influence/validity_spearman": float(spearmanr(scores, gains).statistic) if gains else float("nan"),
+                "influence/validity_spearman_same_rollouts": float(spearmanr(scores, same).statistic),
+                "influence/validity_questions": float(len(retained)), "influence/validity_gain_mean": mean(gains)}
 
     def generator_prompt(self, doc: str) -> str:
         if self.arith:

@@ -221,12 +221,13 @@ def one_step_dev_gains(trainer: PolicyTrainer, questions: Sequence[Sequence[Trai
     """For each question, the change in mean dev reward after one real solver update on its rollouts alone.
 
     The paper's validity check of ŝ (spec §12.2: ŝ is the first-order term of this change). The change is estimated
-    on the Phase-1 dev rollouts by importance weighting,
+    on dev rollouts sampled from the current solver π_θ by importance weighting,
 
         ΔĴ ≈ (1 / dev_rollouts) Σ_i A_i (π_θ'(a_i | q_i) / π_θ(a_i | q_i) - 1),    A_i = r_i - mean of its group,
 
     over ``dev``, the rollouts of the informative dev groups with their mean-centred advantages (the group baseline
     does not change the expectation, and zero-variance groups add nothing); ``dev_rollouts`` counts all dev rollouts.
+    Rollouts independent of the ones behind ĝ_dev give the actual change; Phase 1's own share ĝ_dev's noise.
     The update is ``trainer.update`` on the question's rollouts (one AdamW step when they fit one mini-batch). The
     weights, optimizer state and update count are restored after each question.
     """
