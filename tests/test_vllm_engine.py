@@ -15,7 +15,7 @@ import torch
 
 from coevolve.models import Policy, load_policy
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings, sequence_logprobs
-from coevolve.rollout import SamplingParams, make_engine
+from coevolve.rollout import SamplingParams, make_engine, weights_version
 from coevolve.rollout.hf import HFRolloutEngine
 from coevolve.rollout.vllm_engine import EngineUnavailable, PromptTooLong, VLLMRolloutEngine, VLLMSettings
 
@@ -47,10 +47,12 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def policy_and_engine(model_dir):
+    """A policy, its vLLM engine and its trainer, wired as ``Recipe.engine`` wires them."""
     policy = load_policy(str(model_dir))
+    trainer = PolicyTrainer(policy.model, policy.tokenizer, UpdateSettings(lr=3e-2, micro_batch_size=8))
     engine = VLLMRolloutEngine(policy.model, policy.tokenizer, str(model_dir), eos_token_ids=policy.eos_token_ids,
-                               settings=SMALL)
-    return policy, engine
+                               settings=SMALL, version=lambda: (trainer.updates_done, weights_version(policy.model)))
+    return policy, engine, trainer
 
 
 def recomputed_logprobs(policy: Policy, completions, temperature: float) -> list[torch.Tensor]:
@@ -70,7 +72,7 @@ def max_logprob_gap(policy: Policy, completions, temperature: float) -> float:
 
 
 def test_completions_match_hf_engine_records(policy_and_engine):
-    policy, engine = policy_and_engine
+    policy, engine, _ = policy_and_engine
     greedy = SamplingParams(temperature=0.0, max_new_tokens=20)
     ours = engine.generate(PROMPTS, greedy, seed=0)
     reference = HFRolloutEngine(policy.model, policy.tokenizer, eos_token_ids=policy.eos_token_ids).generate(
@@ -85,10 +87,9 @@ def test_completions_match_hf_engine_records(policy_and_engine):
 
 
 def test_weight_sync_after_an_update_gives_the_new_models_outputs(policy_and_engine, capsys):
-    policy, engine = policy_and_engine
+    policy, engine, trainer = policy_and_engine
     greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
     before = engine.generate(PROMPTS, greedy, seed=0)
-    trainer = PolicyTrainer(policy.model, policy.tokenizer, UpdateSettings(lr=3e-2, micro_batch_size=8))
     samples = [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, advantage) for c, advantage in
                zip(before, [1.0, -1.0, 1.0, -1.0])]
     trainer.update(samples)
@@ -110,7 +111,7 @@ def test_weight_sync_after_an_update_gives_the_new_models_outputs(policy_and_eng
 
 
 def test_sampled_logprobs_are_the_temperature_scaled_distribution(policy_and_engine, capsys):
-    policy, engine = policy_and_engine
+    policy, engine, _ = policy_and_engine
     params = SamplingParams(temperature=0.7, max_new_tokens=32)
     completions = engine.generate(PROMPTS * 4, params, seed=3)
     gap = max_logprob_gap(policy, completions, temperature=0.7)
@@ -120,7 +121,7 @@ def test_sampled_logprobs_are_the_temperature_scaled_distribution(policy_and_eng
 
 
 def test_sampling_is_reproducible_and_independent_of_batching(policy_and_engine):
-    _, engine = policy_and_engine
+    _, engine, _ = policy_and_engine
     params = SamplingParams(temperature=1.0, max_new_tokens=16)
     first = engine.generate(PROMPTS, params, seed=11)
     second = engine.generate(PROMPTS, params, seed=11)
@@ -131,7 +132,7 @@ def test_sampling_is_reproducible_and_independent_of_batching(policy_and_engine)
 
 
 def test_stop_strings_and_finish_reasons(policy_and_engine):
-    _, engine = policy_and_engine
+    _, engine, _ = policy_and_engine
     params = SamplingParams(temperature=1.0, max_new_tokens=40, stop=("1", "2"))
     completions = engine.generate(PROMPTS * 8, params, seed=5)
     stopped = [c for c in completions if c.finish_reason == "stop"]
@@ -230,7 +231,7 @@ def test_load_state_dict_is_picked_up_like_an_update(policy_and_engine, model_di
     """Prism's SolverInit copies weights with load_state_dict: the engine must reload them too."""
     from transformers import AutoModelForCausalLM
 
-    policy, engine = policy_and_engine
+    policy, engine, _ = policy_and_engine
     greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
     engine.generate(PROMPTS, greedy, seed=0)
     engine.pop_metrics()
