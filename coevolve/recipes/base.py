@@ -106,6 +106,13 @@ class Recipe:
         self._trainers[id(policy)] = trainer
         return trainer
 
+    def role_trainer(self, policy: Policy, role: str) -> PolicyTrainer:
+        """A trainer with the run's ``train`` settings and the role's own ``params.<role>_mini_batch_size`` and
+        ``params.<role>_epochs`` where the recipe has them and they are set."""
+        update = {"mini_batch_size": getattr(self.params, f"{role}_mini_batch_size", None),
+                  "epochs": getattr(self.params, f"{role}_epochs", None)}
+        return self.make_trainer(policy, **{k: v for k, v in update.items() if v is not None})
+
     def engine(self, policy: Policy) -> RolloutEngine:
         """The sampler of ``policy`` (``rollout.engine``), one per policy for the whole run.
 

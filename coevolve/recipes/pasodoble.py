@@ -255,12 +255,6 @@ class PasoDoble(Recipe):
         self.phase, self.phase_updates, self.skips = "proposer", 0, 0
         self.updates = 0  # successful updates so far (``max_updates``)
 
-    def role_trainer(self, policy: Policy, role: str) -> PolicyTrainer:
-        """A trainer with the run's ``train`` settings and the role's own mini-batch size and epochs where set."""
-        update = {"mini_batch_size": getattr(self.params, f"{role}_mini_batch_size"),
-                  "epochs": getattr(self.params, f"{role}_epochs")}
-        return self.make_trainer(policy, **{k: v for k, v in update.items() if v is not None})
-
     def trainers(self):
         return {"proposer": self.proposer_trainer, "solver": self.solver_trainer}
 

@@ -253,12 +253,6 @@ class RZero(Recipe):
         self.pool: list[PoolItem] = []
         self.pool_iteration = 0  # the iteration whose pool ``self.pool`` is
 
-    def role_trainer(self, policy: Policy, role: str) -> PolicyTrainer:
-        """A trainer with the run's ``train`` settings and the role's own mini-batch size and epochs where set."""
-        update = {"mini_batch_size": getattr(self.params, f"{role}_mini_batch_size"),
-                  "epochs": getattr(self.params, f"{role}_epochs")}
-        return self.make_trainer(policy, **{k: v for k, v in update.items() if v is not None})
-
     def trainers(self) -> dict[str, PolicyTrainer]:
         return {"questioner": self.questioner_trainer, "solver": self.solver_trainer}
 
