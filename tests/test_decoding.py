@@ -7,7 +7,7 @@ import torch
 
 from coevolve.rl.trainer import TrainSample, sequence_logprobs
 from coevolve.rollout import SamplingParams
-from coevolve.rollout.hf import HFRolloutEngine
+from coevolve.rollout.hf import HFRolloutEngine, draw
 
 PROMPTS = ["Q:3+4=?\n", "Q:12*(3-5)+7=?\n", "W:\n", "D:a=3,b=7\nQ:a+b=?\n"]
 
@@ -69,3 +69,12 @@ def test_trainer_logprobs_equal_a_plain_forward_pass(random_policy):
         assert mask[row].tolist() == [0.0] * (width - n) + [1.0] * n
         expected = _plain_logprobs(random_policy.model, s.prompt_ids, s.completion_ids, 0.7)
         assert torch.allclose(logprobs[row, width - n:], expected, atol=1e-5)
+
+
+def test_draw_follows_the_distribution_and_never_picks_a_zero_probability_token():
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]]).repeat(20_000, 1)
+    picks = draw(probs, torch.Generator().manual_seed(0))
+    first = torch.bincount(picks[0::2], minlength=5).double() / 20_000
+    assert torch.allclose(first, probs[0].double(), atol=0.015), first
+    assert (picks[1::2] == 4).all()
+    assert torch.equal(picks, draw(probs, torch.Generator().manual_seed(0)))

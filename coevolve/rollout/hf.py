@@ -52,6 +52,17 @@ def truncate_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Ten
     return logits
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One index per row of ``probs`` [B, V] by inverse transform sampling: a single uniform per row.
+
+    The cumulative sums are in float64; the first index whose sum exceeds u * total always has a
+    positive probability. (``torch.multinomial`` draws an exponential per entry, 20x slower on CPU at V = 49k.)
+    """
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=torch.float64)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
+
+
 def sample_tokens(logits: torch.Tensor, params: SamplingParams,
                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token of each row of ``logits`` [B, V] and its log-prob under the temperature-scaled distribution.
@@ -67,7 +78,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams,
         logprobs = scaled.log_softmax(-1)
         truncated = (0 < params.top_k < logits.shape[-1]) or params.top_p < 1.0
         probs = truncate_logits(scaled, params.top_k, params.top_p).softmax(-1) if truncated else logprobs.exp()
-        chosen = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        chosen = draw(probs, generator)
     return chosen, logprobs.gather(-1, chosen[:, None])[:, 0]
 
 
