@@ -11,12 +11,14 @@ What differs by design: each side samples with its own random stream, so complet
 differ; tokens per step are reported for both, with seconds per 1000 generated tokens. With one optimizer step per
 generation batch (as here) neither side runs a separate pi_old pass; TRL computes the token entropy in its loss pass.
 
-The order is coevolve, TRL, coevolve again (a fresh recipe redoing the same steps), so load that drifts during the
-run falls on both sides. Each block runs ``--warmup`` untimed steps, then ``--steps`` timed steps; the report gives
-the median seconds per step (coevolve: over both of its blocks), the ratio TRL / coevolve (above 1: coevolve is
-faster) and a split into sampling, reward and the rest.
-Writes ``bench/results/trl.json``. Run from the repository root:
-``.venv/bin/python bench/trl_side_by_side.py [--quick]`` (needs ``pip install "trl>=0.14"``, the ``bench`` extra).
+The comparison runs once per torch thread count (``--threads``, default 1 and 2), so one invocation gives both
+ratios. Within a setting the order is coevolve, TRL, coevolve again (a fresh recipe redoing the same steps), so
+load that drifts during the run falls on both sides. Each block runs ``--warmup`` untimed steps, then ``--steps``
+timed steps; the report gives the median seconds per step (coevolve: over both of its blocks), the ratio
+TRL / coevolve (above 1: coevolve is faster) and a split into sampling, reward and the rest.
+Writes ``bench/results/trl.json`` (``trl_<model>.json`` for another model). Run from the repository root:
+``.venv/bin/python bench/trl_side_by_side.py [--quick] [--threads 1 2]`` (needs ``pip install "trl>=0.14"``, the
+``bench`` extra).
 """
 
 from __future__ import annotations
@@ -189,10 +191,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per block")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                        help="torch thread counts: the whole comparison runs once per count")
     parser.add_argument("--quick", action="store_true", help="2 prompts x 4 samples x 16 tokens, 1 timed step")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "trl.json")
+    parser.add_argument("--out", type=Path, default=None, help="default: bench/results/trl.json (tiny-arith) or "
+                        "bench/results/trl_<model>.json")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = RESULTS_DIR / ("trl.json" if args.model == "tiny-arith" else f"trl_{Path(args.model).name}.json")
     if args.quick:
         args.prompts, args.group, args.max_new_tokens, args.micro_batch, args.steps = 2, 4, 16, 4, 1
     if (args.prompts * args.group) % args.micro_batch:
@@ -200,35 +206,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    import trl
-
-    warn_if_busy()
-    header, loads = run_header(), [machine_info()["load_avg_1_5_15"]]
-    # coevolve, TRL, coevolve again (a fresh recipe, the same steps): load that drifts during the run hits both sides
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    """coevolve, TRL, coevolve again at the current torch thread count; both sides' medians and the ratios."""
+    loads = [machine_info()["load_avg_1_5_15"]]
     ours_first, dataset = run_coevolve(args)
     loads.append(machine_info()["load_avg_1_5_15"])
     trl_rows = run_trl(args, dataset)
     loads.append(machine_info()["load_avg_1_5_15"])
     ours_again, _ = run_coevolve(args)
+    loads.append(machine_info()["load_avg_1_5_15"])
     ours, theirs = summarize([ours_first, ours_again], args.warmup), summarize([trl_rows], args.warmup)
-    ratio = theirs["median_s"] / ours["median_s"]
-    ratio_per_token = theirs["median_s_per_1k_tokens"] / ours["median_s_per_1k_tokens"]
     same_prompts = len(ours_first) == len(trl_rows) and all(
         a["prompts"] == b["prompts"] for a, b in zip(ours_first, trl_rows))
-    machine = {**machine_info(), "load_avg_before_each_block": loads}
+    return {"torch_threads": torch.get_num_threads(), "load_avg_before_each_block_and_at_end": loads,
+            "same_prompts_every_step": same_prompts, "coevolve": ours, "trl_grpo_trainer": theirs,
+            "ratio_trl_over_coevolve": theirs["median_s"] / ours["median_s"],
+            "ratio_per_token": theirs["median_s_per_1k_tokens"] / ours["median_s_per_1k_tokens"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    import trl
+
+    warn_if_busy()
+    header = run_header()
+    by_threads: dict[str, dict[str, Any]] = {}
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        result = by_threads[str(threads)] = compare(args)
+        load = ", ".join(f"{x:.2f}" for x in result["load_avg_before_each_block_and_at_end"][-1])
+        print(f"same prompts on both sides at every step: {result['same_prompts_every_step']}")
+        print_table(result["coevolve"], result["trl_grpo_trainer"], result["ratio_trl_over_coevolve"],
+                    result["ratio_per_token"],
+                    f"GRPO step, {args.model}: {args.prompts} prompts x {args.group} x {args.max_new_tokens} tokens, "
+                    f"micro-batch {args.micro_batch} (TRL {trl.__version__}, {threads} threads, load avg {load})")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    write_json(args.out, {**header, "machine": machine, "trl": trl.__version__, "settings": settings,
-                          "same_prompts_every_step": same_prompts, "coevolve": ours, "trl_grpo_trainer": theirs,
-                          "ratio_trl_over_coevolve": ratio, "ratio_per_token": ratio_per_token})
-    load = ", ".join(f"{x:.2f}" for x in machine["load_avg_1_5_15"])
-    print(f"same prompts on both sides at every step: {same_prompts}")
-    print_table(ours, theirs, ratio, ratio_per_token,
-                f"GRPO step, {args.model}: {args.prompts} prompts x {args.group} x {args.max_new_tokens} tokens, "
-                f"micro-batch {args.micro_batch} (TRL {trl.__version__}, {machine['torch_threads']} threads, "
-                f"load avg {load})")
+    write_json(args.out, {**header, "machine": machine_info(), "trl": trl.__version__, "settings": settings,
+                          "by_threads": by_threads})
+    for threads, result in by_threads.items():
+        print(f"{threads} thread(s): TRL / coevolve {result['ratio_trl_over_coevolve']:.2f}x per step, "
+              f"{result['ratio_per_token']:.2f}x per generated token")
     print(f"wrote {args.out}")
 
 
