@@ -1,10 +1,12 @@
 """The sampler's fast decoding path (static cache, one prefill per distinct prompt, finished rows dropped from the
-batch) and the trainer's log-probs give what a plain forward pass over prompt + completion gives."""
+batch) and the trainer's log-probs (packed micro-batches with shared prompts, or left-padded) give what a plain
+forward pass over prompt + completion gives."""
 
 from __future__ import annotations
 
 import torch
 
+from coevolve.rl import trainer as trainer_module
 from coevolve.rl.trainer import TrainSample, sequence_logprobs
 from coevolve.rollout import SamplingParams
 from coevolve.rollout.hf import HFRolloutEngine, draw
@@ -58,17 +60,39 @@ def test_rows_finishing_at_different_steps_keep_exact_logprobs(random_policy):
         assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-5), (c.logprobs, expected)
 
 
-def test_trainer_logprobs_equal_a_plain_forward_pass(random_policy):
+def _samples(policy, lengths=(5, 1, 9, 3, 0, 7, 2)) -> list[TrainSample]:
+    """Random completions for the prompts in turn, so some samples share a prompt; one completion is empty."""
     gen = torch.Generator().manual_seed(0)
-    samples = [TrainSample(random_policy.tokenizer(p)["input_ids"], torch.randint(3, 100, (n,), generator=gen).tolist(),
-                           [], 1.0) for p, n in zip(PROMPTS, (5, 1, 9, 3))]
-    logprobs, mask = sequence_logprobs(random_policy.model, samples, random_policy.tokenizer.pad_token_id, 0.7)
-    width = logprobs.shape[1]
-    for row, s in enumerate(samples):
-        n = len(s.completion_ids)
-        assert mask[row].tolist() == [0.0] * (width - n) + [1.0] * n
-        expected = _plain_logprobs(random_policy.model, s.prompt_ids, s.completion_ids, 0.7)
-        assert torch.allclose(logprobs[row, width - n:], expected, atol=1e-5)
+    return [TrainSample(policy.tokenizer(PROMPTS[k % len(PROMPTS)])["input_ids"],
+                        torch.randint(3, 100, (n,), generator=gen).tolist(), [], 1.0) for k, n in enumerate(lengths)]
+
+
+def test_trainer_logprobs_equal_a_plain_forward_pass(random_policy, monkeypatch):
+    samples = _samples(random_policy)
+    for packed in (True, False):
+        monkeypatch.setattr(trainer_module, "packs", lambda model, samples, packed=packed: packed)
+        logprobs, mask = sequence_logprobs(random_policy.model, samples, random_policy.tokenizer.pad_token_id, 0.7)
+        width = logprobs.shape[1]
+        for row, s in enumerate(samples):
+            n = len(s.completion_ids)
+            assert mask[row].tolist() == [0.0] * (width - n) + [1.0] * n
+            if n:
+                expected = _plain_logprobs(random_policy.model, s.prompt_ids, s.completion_ids, 0.7)
+                assert torch.allclose(logprobs[row, width - n:], expected, atol=1e-5), (packed, row)
+
+
+def test_packed_and_padded_micro_batches_give_the_same_gradient(random_policy, monkeypatch):
+    """A prompt shared by several completions is computed once when packed; its gradient is still the sum."""
+    samples, model = _samples(random_policy), random_policy.model
+    assert trainer_module.packs(model, samples)  # the random Llama uses sdpa
+    grads = []
+    for packed in (True, False):
+        monkeypatch.setattr(trainer_module, "packs", lambda model, samples, packed=packed: packed)
+        model.zero_grad(set_to_none=True)
+        logprobs, mask = sequence_logprobs(model, samples, random_policy.tokenizer.pad_token_id, 1.0)
+        (logprobs * mask * torch.linspace(-1, 1, logprobs.shape[1])).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)
 
 
 def test_draw_follows_the_distribution_and_never_picks_a_zero_probability_token():

@@ -53,26 +53,109 @@ class UpdateSettings:
     lora: dict | None = None  # peft LoraConfig kwargs, e.g. {"r": 8, "lora_alpha": 16}
 
 
+# Packing a micro-batch into one row needs an N x N attention mask (N = its tokens); past this the mask's memory
+# and the attention over it cost more than padding, so longer micro-batches are padded instead.
+PACK_MAX_TOKENS = 4096
+
+
 def sequence_logprobs(model, samples: Sequence[TrainSample], pad_id: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each sample's completion tokens under ``model``: ([B, T], mask [B, T]).
 
-    Prompts and completions are left-padded together, so every completion ends at the right edge
-    and only the last T positions' logits are computed (T = the longest completion). Each log-prob
-    is the target's logit minus the log-sum-exp of its row, without a [B, T, V] log-softmax.
+    Row i holds sample i's completion in its last ``len(completion_ids)`` columns (T = the longest completion).
+    Each log-prob is the target's logit minus the log-sum-exp of its row (no [B, T, V] log-softmax), and logits
+    are computed only where a completion token is predicted. The micro-batch runs packed in one row when the
+    model takes a 4D attention mask (:func:`packed_logprobs`); otherwise left-padded (:func:`padded_logprobs`).
     """
-    device = next(model.parameters()).device
-    ids, attention = left_pad([s.prompt_ids + s.completion_ids for s in samples], pad_id)
-    ids, attention = ids.to(device), attention.to(device)
     width = max(len(s.completion_ids) for s in samples)
-    logits = model(input_ids=ids, attention_mask=attention, position_ids=position_ids_from_mask(attention),
-                   logits_to_keep=width + 1, use_cache=False).logits[:, :-1, :].float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    targets = ids[:, -width:]
-    logprobs = logits.gather(-1, targets[..., None])[..., 0] - logits.logsumexp(-1)
+    device = next(model.parameters()).device
+    if packs(model, samples):
+        logprobs = packed_logprobs(model, samples, width, temperature)
+    else:
+        logprobs = padded_logprobs(model, samples, pad_id, width, temperature)
     lengths = torch.tensor([len(s.completion_ids) for s in samples], device=device)
     mask = (torch.arange(width, device=device) >= width - lengths[:, None]).to(logprobs.dtype)
     return logprobs, mask
+
+
+def takes_4d_mask(model) -> bool:
+    """Whether the model's attention takes a 4D additive mask as given (sdpa and eager do; flash kernels do not)."""
+    return getattr(model.config, "_attn_implementation", None) in ("sdpa", "eager")
+
+
+def packs(model, samples: Sequence[TrainSample]) -> bool:
+    """Whether :func:`sequence_logprobs` packs these samples: a model that :func:`takes_4d_mask`, at most
+    ``PACK_MAX_TOKENS`` packed tokens, and no sequence longer than a sliding attention window."""
+    longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    window = getattr(model.config, "sliding_window", None)
+    packed = sum(len(s.completion_ids) for s in samples) + sum(len(p) for p in {tuple(s.prompt_ids) for s in samples})
+    return takes_4d_mask(model) and packed <= PACK_MAX_TOKENS and not (window and longest > window)
+
+
+def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, targets[..., None])[..., 0] - logits.logsumexp(-1)
+
+
+def padded_logprobs(model, samples: Sequence[TrainSample], pad_id: int, width: int,
+                    temperature: float) -> torch.Tensor:
+    """[B, width] log-probs with prompt + completion left-padded together (completions end at the right edge)."""
+    device = next(model.parameters()).device
+    ids, attention = left_pad([s.prompt_ids + s.completion_ids for s in samples], pad_id)
+    ids, attention = ids.to(device), attention.to(device)
+    logits = model(input_ids=ids, attention_mask=attention, position_ids=position_ids_from_mask(attention),
+                   logits_to_keep=width + 1, use_cache=False).logits[:, :-1, :]
+    return _token_logprobs(logits, ids[:, -width:], temperature)
+
+
+def packed_logprobs(model, samples: Sequence[TrainSample], width: int, temperature: float) -> torch.Tensor:
+    """[B, width] log-probs from one packed row: each distinct prompt once, followed by its samples' completions.
+
+    The additive 4D mask lets a prompt token see its prompt causally and a completion token its prompt and its own
+    completion causally; positions restart per sequence. Every token so gets the values it gets alone, with no
+    padding and a prompt shared by a group computed (and back-propagated through) once.
+    """
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(tuple(s.prompt_ids), []).append(i)
+    ids: list[int] = []
+    positions: list[int] = []
+    group_of: list[int] = []  # which prompt each packed token belongs to
+    sample_of: list[int] = []  # which sample's completion (-1: a prompt token)
+    predictors: list[int] = []  # packed index whose logits predict each completion token, in sample order
+    targets: list[int] = []
+    rows: list[int] = []
+    cols: list[int] = []
+    for g, (prompt, members) in enumerate(groups.items()):
+        ids += prompt
+        positions += range(len(prompt))
+        group_of += [g] * len(prompt)
+        sample_of += [-1] * len(prompt)
+        prompt_end = len(ids) - 1
+        for i in members:
+            completion = samples[i].completion_ids
+            n, start = len(completion), len(ids)
+            ids += completion
+            positions += range(len(prompt), len(prompt) + n)
+            group_of += [g] * n
+            sample_of += [i] * n
+            predictors += [prompt_end, *range(start, start + n - 1)][:n]
+            targets += completion
+            rows += [i] * n
+            cols += range(width - n, width)
+    group_t, sample_t = torch.tensor(group_of, device=device), torch.tensor(sample_of, device=device)
+    visible = (torch.ones(len(ids), len(ids), dtype=torch.bool, device=device).tril_()
+               & (group_t[:, None] == group_t[None, :])
+               & ((sample_t[None, :] == -1) | (sample_t[:, None] == sample_t[None, :])))
+    mask = torch.zeros(len(ids), len(ids), dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
+    logits = model(input_ids=torch.tensor([ids], device=device), attention_mask=mask[None, None],
+                   position_ids=torch.tensor([positions], device=device),
+                   logits_to_keep=torch.tensor(predictors, dtype=torch.long, device=device), use_cache=False).logits[0]
+    flat = _token_logprobs(logits, torch.tensor(targets, device=device), temperature)
+    out = torch.zeros(len(samples), width, dtype=flat.dtype, device=device)
+    return out.index_put((torch.tensor(rows, device=device), torch.tensor(cols, device=device)), flat)
 
 
 def _right_aligned(values: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -81,6 +164,14 @@ def _right_aligned(values: Sequence[Sequence[float]], width: int) -> torch.Tenso
         if v:
             out[row, width - len(v):] = torch.tensor(v, dtype=torch.float32)
     return out
+
+
+def _micro_batch_order(model, samples: Sequence[TrainSample], indices: Sequence[int]) -> list[int]:
+    """The mini-batch's indices in the order they are cut into micro-batches (the accumulated gradient does not
+    depend on it): packed, a group's samples together so their prompt is computed once; padded, by length."""
+    if takes_4d_mask(model):
+        return sorted(indices, key=lambda i: (samples[i].prompt_ids, len(samples[i].completion_ids)))
+    return sorted(indices, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
 
 
 class PolicyTrainer:
@@ -178,9 +269,7 @@ class PolicyTrainer:
         stats_sum: dict[str, float] = {}
         stats_max: dict[str, float] = {}
         loss_sum = 0.0
-        # Micro-batches of similar lengths pad less; the accumulated gradient does not depend on how the
-        # mini-batch is split.
-        by_length = sorted(indices, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
+        by_length = _micro_batch_order(self.model, samples, indices)
         for start in range(0, len(by_length), st.micro_batch_size):
             idx = by_length[start:start + st.micro_batch_size]
             part = [samples[i] for i in idx]
