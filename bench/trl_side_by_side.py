@@ -1,6 +1,7 @@
 """One GRPO step of coevolve next to TRL's ``GRPOTrainer`` doing the same work on the same model.
 
-Both sides: the same weights (two fresh loads), the same prompts (TRL's dataset is the prompts coevolve drew, in
+Both sides: the same weights (two fresh loads; TRL's from the model's plain HF folder, since TRL will not train the
+GGUF-loaded smollm2-135m), the same prompts (TRL's dataset is the prompts coevolve drew, in
 step order, unshuffled), B prompts x G samples per step, the same max completion length, temperature 1 with no
 top-k / top-p, the exact-answer reward, one optimizer step per generation batch (AdamW, constant lr, grad clip
 1.0), no KL (no reference model), sequence-mean loss (TRL ``loss_type="grpo"``), the same micro-batch size, fp32
@@ -102,13 +103,14 @@ def run_trl(args: argparse.Namespace, dataset: list[dict[str, str]]) -> list[dic
     from trl import GRPOConfig, GRPOTrainer
     from trl import __version__ as trl_version
 
-    from coevolve.models import load_policy
+    from coevolve.models import hf_model_source, load_policy
     from coevolve.tasks.registry import get_task
 
     if not hasattr(GRPOTrainer, "_generate_single_turn"):
         raise SystemExit(f"TRL {trl_version} has no GRPOTrainer._generate_single_turn, which this script times as "
                          "TRL's sampling phase; it was written against TRL 1.16: pip install 'trl>=1.16'")
-    policy = load_policy(args.model)
+    # the model as a plain HF folder: TRL refuses to train a GGUF-loaded model (smollm2-135m) as 'quantized'
+    policy = load_policy(hf_model_source(args.model))
     task, style = get_task("arith"), policy.prompt_style
     clock = _StepClock()
 
