@@ -31,10 +31,11 @@ def make_recipe(model_dir, *sets):
         "params.dev_size=4", "rollout.max_new_tokens=6", "params.generator_max_tokens=6", "train.lr=1e-2",
         "params.generator_lr=1e-2", "params.rho_inv=-0.5", *sets])
     recipe = cls(config, params)
-    # The random model writes neither questions nor answers: read every other output as the question "a+b" with key
-    # "1", and a solver answer as the parity of its length, so groups have variance.
-    recipe.read_generation = lambda text, doc: ("a+b", "1") if len(text) % 3 else (None, None)
-    recipe.task.parse_answer = lambda text, style: str(len(text) % 2)
+    # The random model writes neither questions nor answers: read about two outputs in three as the question "a+b"
+    # with key "1", and a solver answer as the parity of its characters' code sum, so groups have variance. (The
+    # outputs run to the token budget, so their lengths barely vary: a length rule would read them all alike.)
+    recipe.read_generation = lambda text, doc: ("a+b", "1") if sum(map(ord, text)) % 3 else (None, None)
+    recipe.task.parse_answer = lambda text, style: str(sum(map(ord, text)) % 2)
     recipe.dev = [Problem("a+b", "1", "a=1,b=0,c=0"), Problem("a*b", "0", "a=1,b=0,c=0")]
     return recipe
 
