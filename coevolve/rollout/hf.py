@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 from transformers import StaticCache
 
-from coevolve.rollout.base import Completion, SamplingParams
+from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, SamplingParams
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
@@ -99,10 +99,15 @@ class HFRolloutEngine:
         self.eos_token_ids = [i for i in eos_token_ids if i is not None]
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
-        """One completion per prompt; the same prompts, params and seed give the same completions."""
-        generator = torch.Generator(device=next(self.model.parameters()).device).manual_seed(seed)
+        """One completion per prompt; the same prompts, params and seed give the same completions.
+
+        The batch starting at prompt ``j`` draws from its own stream seeded ``seed + j * PROMPT_SEED_STRIDE`` (the
+        rollout seed contract), so sampling a slice of whole batches reproduces the whole call's samples.
+        """
+        generator = torch.Generator(device=next(self.model.parameters()).device)
         completions: list[Completion] = []
         for start in range(0, len(prompts), self.batch_size):
+            generator.manual_seed(seed + start * PROMPT_SEED_STRIDE)
             completions += self._generate_batch(prompts[start:start + self.batch_size], params, generator)
         return completions
 

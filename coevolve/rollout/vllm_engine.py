@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from coevolve.rollout.base import Completion, SamplingParams, weights_version
+from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, SamplingParams, weights_version
 from coevolve.rollout.hf import encode_prompt
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class VLLMRolloutEngine:
 
     # --- the rollout interface ----------------------------------------------------------------------
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
-        """One completion per prompt; request ``i`` is seeded from (seed, i), so batching does not change it."""
+        """One completion per prompt; request ``i`` has its own seed ``seed + i * PROMPT_SEED_STRIDE``."""
         prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         self._ensure_engine()
         too_long = [len(ids) for ids in prompt_ids if len(ids) >= self.max_model_len]
@@ -234,7 +234,8 @@ class VLLMRolloutEngine:
             top_p=1.0 if greedy else params.top_p, top_k=0 if greedy or not params.top_k else params.top_k,
             max_tokens=max(1, min(params.max_new_tokens, self.max_model_len - prompt_len)),
             stop=list(params.stop) or None, include_stop_str_in_output=True,
-            stop_token_ids=self.eos_token_ids or None, ignore_eos=not self.eos_token_ids, logprobs=0, seed=None if greedy else (seed * 1_000_003 + index) % (1 << 31),
+            stop_token_ids=self.eos_token_ids or None, ignore_eos=not self.eos_token_ids, logprobs=0,
+            seed=None if greedy else (seed + index * PROMPT_SEED_STRIDE) % (1 << 31),
             skip_special_tokens=True)
 
     def _completion(self, prompt: str, prompt_ids: list[int], output) -> Completion:
