@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,9 +40,12 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<recipe>-<time>)"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this directory"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
+    processes: int = typer.Option(1, "--processes", min=1, help="data-parallel processes on this machine "
+                                  "(started with torchrun; one GPU each on CUDA)"),
 ) -> None:
     """Train with a recipe; everything the run produces goes to its run directory."""
-    from coevolve.config import ConfigError
+    from coevolve import distributed
+    from coevolve.config import ConfigError, check_runtime
     from coevolve.loop import RunExistsError
     from coevolve.loop import run as run_loop
     from coevolve.models import ModelNotFoundError
@@ -65,23 +69,53 @@ def run(
             out_dir = out or Path("runs") / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
             if (out_dir / "config.yaml").exists():
                 _fail(f"{out_dir} already holds a run: use --resume {out_dir} or another --out", 2)
+        world = processes if processes > 1 else int(os.environ.get("WORLD_SIZE", "1"))
+        check_runtime(cfg, world)
         if cfg.rollout.engine == "vllm":
             require_vllm()
     except ConfigError as exc:
         _fail(str(exc), 2)
     except EngineUnavailable as exc:
         _fail(str(exc), 2)
+    if processes > 1 and not distributed.launched_distributed():
+        _launch_ranks(processes, out_dir)
+        return
     try:
+        distributed.init_from_env(distributed.device_for(cfg.device))
         instance = cls(cfg, params)
         typer.echo(f"run directory: {out_dir}", err=True)
         summary = run_loop(instance, cfg, out_dir, resume=resume is not None, progress=not quiet)
-    except (ModelNotFoundError, TaskDataError, RunExistsError, EngineUnavailable, PromptTooLong) as exc:
+    except ConfigError as exc:
+        _fail(str(exc), 2)
+    except (ModelNotFoundError, TaskDataError, RunExistsError, EngineUnavailable, PromptTooLong,
+            distributed.DistributedSetupError) as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
         _fail(f"interrupted; continue with: coevolve run --resume {out_dir}", 130)
+    if not distributed.is_main():
+        return
     final = summary.get("final_eval") or {}
     accs = "  ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in final.items() if k.startswith("eval/"))
     typer.echo(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s  {accs}")
+
+
+def _launch_ranks(processes: int, out_dir: Path) -> None:
+    """Run this command on ``processes`` ranks with torchrun (same arguments, the run directory fixed); if any rank
+    fails, torchrun stops the others and this says so in one line."""
+    import subprocess
+
+    args = sys.argv[1:]
+    cut = [i for i, a in enumerate(args) if a == "--processes" or a.startswith("--processes=")]
+    for i in reversed(cut):
+        del args[i:i + (1 if "=" in args[i] else 2)]
+    if "--out" not in args and "--resume" not in args:
+        args += ["--out", str(out_dir)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+               "--max-restarts=0", "-m", "coevolve", *args]
+    done = subprocess.run(command)
+    if done.returncode != 0:
+        _fail(f"a rank failed (exit code {done.returncode}) and the run stopped on all {processes} processes; "
+              f"continue with: coevolve run --resume {out_dir} --processes {processes}", done.returncode)
 
 
 @app.command("eval")

@@ -72,6 +72,9 @@ class TrainConfig(Strict):
     loss_agg: Literal["seq_mean", "token_sum_norm", "token_mean"] = "seq_mean"
     norm_constant: int | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
     lora: LoraSettings | None = None
+    dtype: Literal["fp32", "bf16"] = Field("fp32", description="bf16: mixed precision (bf16 autocast for forward "
+                                           "and backward, fp32 weights and AdamW state)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass")
 
 
 class RunConfig(Strict):
@@ -84,6 +87,8 @@ class RunConfig(Strict):
     steps: int = Field(50, ge=0)
     data_dir: str | None = None
     trust_remote_code: bool = False
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available (cuda:<local rank> "
+                                                   "with several processes), else CPU")
     rollout: SamplingConfig = SamplingConfig()
     train: TrainConfig = TrainConfig()
     eval_every: int = Field(10, ge=0, description="evaluate every N steps (0 = only at start and end)")
@@ -174,6 +179,19 @@ def validate(raw: Mapping[str, Any], params_model: type[BaseModel]) -> tuple[Run
         raise ConfigError(_first_error(exc, "params.")) from None
     config.params = params.model_dump(mode="json")
     return config, params
+
+
+def check_runtime(config: RunConfig, processes: int = 1) -> None:
+    """Settings this machine or launch cannot honour; ``ConfigError`` names the key (checked before anything runs)."""
+    import torch
+
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("config key 'device': cuda requested but no CUDA device is available")
+    on_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+    if config.train.dtype == "bf16" and on_cuda and not torch.cuda.is_bf16_supported():
+        raise ConfigError("config key 'train.dtype': bf16 is not supported by this GPU; use fp32")
+    if processes > 1 and config.rollout.engine == "vllm":
+        raise ConfigError("config key 'rollout.engine': vllm runs in one process for now; use hf with --processes")
 
 
 def to_yaml(config: RunConfig) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from coevolve import distributed
 from coevolve.config import RunConfig, to_yaml
 from coevolve.recipes.base import Recipe
 from coevolve.store import RunStore, atomic_write_text, dumps
@@ -42,7 +43,8 @@ def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: in
     summaries = evaluate(policy, recipe.engine(policy), config.eval_sets, temperature=0.0,
                          max_new_tokens=config.eval_max_new_tokens, limit=config.eval_limit,
                          seed=config.seed, data_dir=config.data_dir,
-                         out_dir=store.eval_dir / f"step_{step:06d}", progress=False)
+                         out_dir=store.eval_dir / f"step_{step:06d}" if distributed.is_main() else None,
+                         progress=False)
     row = {f"eval/{name}/accuracy": s["accuracy"] for name, s in summaries.items()}
     row["time/eval_s"] = time.perf_counter() - started
     row.update(recipe.engine_metrics())
@@ -57,6 +59,7 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
     models = {role: t.model for role, t in trainers.items()}
     optimizers = {role: t.optimizer for role, t in trainers.items()}
     start, elapsed_before = 1, 0.0
+    main = distributed.is_main()  # with several processes, rank 0 alone writes the run directory
     if resume:
         done = store.checkpoint_steps()
         if done:
@@ -65,21 +68,25 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
             for role, t in trainers.items():
                 t.updates_done = state["updates_done"][role]
             start, elapsed_before = done[-1] + 1, state["time_s"]
-            store.truncate_after(done[-1])
-        else:
-            store.truncate_after(-1)
+        distributed.barrier()  # every rank has read the checkpoint before rank 0 trims what follows it
+        if main:
+            store.truncate_after(done[-1] if done else -1)
     else:
         if (store.root / "config.yaml").exists():
             raise RunExistsError(f"{store.root} already holds a run: pass --resume {store.root} or another --out")
-        store.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(store.root / "config.yaml", to_yaml(config))
-    writer = _tensorboard(store.root, purge_step=start if resume else None)
+        distributed.barrier()  # every rank has checked before rank 0 writes
+        if main:
+            store.root.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(store.root / "config.yaml", to_yaml(config))
+    writer = _tensorboard(store.root, purge_step=start if resume else None) if main else None
     t0 = time.perf_counter()
 
     def now() -> float:
         return elapsed_before + time.perf_counter() - t0
 
     def log_row(step: int, row: dict[str, Any]) -> None:
+        if not main:
+            return
         row = {"step": step, "time_s": round(now(), 3), **row}
         store.append_metrics(row)
         if writer is not None:
@@ -91,22 +98,24 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
     if start == 1 and config.eval_sets:
         log_row(0, evaluate_solver(recipe, config, store, 0))
     bar = tqdm(range(start, config.steps + 1), initial=start - 1, total=config.steps, desc=config.recipe,
-               disable=not progress, dynamic_ncols=True)
+               disable=not (progress and main), dynamic_ncols=True)
     last_metrics: dict[str, Any] = {}
     for step in bar:
         started = time.perf_counter()
         out = recipe.step(step)
         out.metrics["time/step_s"] = time.perf_counter() - started
         out.metrics.update(recipe.engine_metrics())
-        store.write_samples(step, out.samples)
+        if main:
+            store.write_samples(step, out.samples)
         log_row(step, out.metrics)
         last_metrics = out.metrics
         if config.eval_sets and ((config.eval_every and step % config.eval_every == 0) or step == config.steps):
             eval_row = evaluate_solver(recipe, config, store, step)
             log_row(step, eval_row)
-            bar.write(f"step {step}: " + "  ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in eval_row.items()
-                                                   if k.startswith("eval/")))
-        if step % config.checkpoint_every == 0 or step == config.steps:
+            if main:
+                bar.write(f"step {step}: " + "  ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in eval_row.items()
+                                                       if k.startswith("eval/")))
+        if main and (step % config.checkpoint_every == 0 or step == config.steps):
             store.save_checkpoint(step, models, optimizers, {
                 "time_s": now(), "loop_recipe": recipe.state_dict(),
                 "updates_done": {role: t.updates_done for role, t in trainers.items()},
@@ -116,6 +125,9 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
     bar.close()
     if writer is not None:
         writer.close()
+    distributed.barrier()
+    if not main:
+        return {}
     rows = store.metrics()
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     summary = {

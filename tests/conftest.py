@@ -48,3 +48,12 @@ def random_model_dir(tmp_path_factory):
     tokenizer.save_pretrained(folder)
     (folder / "build_info.json").write_text('{"note": "random weights for tests"}\n')
     return folder
+
+
+@pytest.fixture(scope="session")
+def small_tiny_arith(tmp_path_factory):
+    """(cache folder, model folder) of the quick tiny-arith test build: weak, but it writes the task formats."""
+    from coevolve.models.tiny_arith import TinyArithBuild, ensure_tiny_arith
+
+    cache = tmp_path_factory.mktemp("models")
+    return cache, ensure_tiny_arith(cache, TinyArithBuild.for_tests(), progress=False)

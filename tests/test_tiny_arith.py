@@ -60,9 +60,8 @@ def test_fingerprint_depends_on_settings():
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("models")
-    return cache, ensure_tiny_arith(cache, TinyArithBuild.for_tests(), progress=False)
+def built(small_tiny_arith):
+    return small_tiny_arith
 
 
 def test_build_folder_and_cache_hit(built):

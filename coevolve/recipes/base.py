@@ -15,7 +15,8 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from coevolve.config import RunConfig
+from coevolve import distributed
+from coevolve.config import ConfigError, RunConfig
 from coevolve.models import Policy, load_policy
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
 from coevolve.rollout import Completion, RolloutEngine, SamplingParams, make_engine, weights_version
@@ -86,7 +87,8 @@ class Recipe:
 
     # --- shared mechanics -------------------------------------------------------------------------
     def load_policy(self, name: str | None = None) -> Policy:
-        return load_policy(name or self.config.model, trust_remote_code=self.config.trust_remote_code)
+        return load_policy(name or self.config.model, trust_remote_code=self.config.trust_remote_code,
+                           device=str(distributed.device_for(self.config.device)))
 
     def make_trainer(self, policy: Policy, **overrides: Any) -> PolicyTrainer:
         """A trainer for ``policy`` with the run's ``train`` settings (keyword overrides per role)."""
@@ -97,11 +99,17 @@ class Recipe:
             clip_low=train.clip_low, clip_high=train.clip_high, tis_cap=train.tis_cap, kl_beta=train.kl_beta,
             loss_agg=train.loss_agg, norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature,
-            lora=train.lora.model_dump() if train.lora else None,
+            lora=train.lora.model_dump() if train.lora else None, dtype=train.dtype,
+            gradient_checkpointing=train.gradient_checkpointing,
         )
         for key, value in overrides.items():
             setattr(settings, key, value)
-        trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
+        try:
+            trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
+        except ValueError as exc:  # peft: a target module the model does not have
+            if not settings.lora:
+                raise
+            raise ConfigError(f"config key 'train.lora.target_modules': {str(exc).splitlines()[0]}") from None
         policy.model = trainer.model  # LoRA wraps the model; sampling uses the wrapped one
         self._trainers[id(policy)] = trainer
         return trainer
@@ -123,7 +131,10 @@ class Recipe:
         if key not in self._engines:
             trainer = self._trainers.get(key)
             version = None if trainer is None else (lambda: (trainer.updates_done, weights_version(policy.model)))
-            self._engines[key] = make_engine(policy, self.config.rollout, version=version, seed=self.config.seed)
+            engine = make_engine(policy, self.config.rollout, version=version, seed=self.config.seed)
+            if distributed.world_size() > 1:  # each rank samples its share; every rank sees the whole batch
+                engine = distributed.DataParallelEngine(engine, self.config.rollout.batch_size)
+            self._engines[key] = engine
         return self._engines[key]
 
     def engine_metrics(self) -> dict[str, float]:

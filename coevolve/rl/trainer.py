@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from coevolve import distributed
 from coevolve.rl.losses import policy_loss
 from coevolve.rollout.hf import left_pad, position_ids_from_mask
 
@@ -51,6 +52,8 @@ class UpdateSettings:
     norm_constant: int | None = None  # Dr.GRPO's C; defaults to max_new_tokens
     temperature: float = 1.0  # sampling temperature: log-probs are taken under logits / temperature
     lora: dict | None = None  # peft LoraConfig kwargs, e.g. {"r": 8, "lora_alpha": 16}
+    dtype: str = "fp32"  # fp32 | bf16 (bf16 autocast for forward and backward; fp32 weights and AdamW state)
+    gradient_checkpointing: bool = False
 
 
 # Packing a micro-batch into one row needs an N x N attention mask (N = its tokens); past this the mask's memory
@@ -185,6 +188,8 @@ class PolicyTrainer:
             from peft import LoraConfig, get_peft_model
 
             model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **settings.lora))
+        if settings.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model
         self.reference = None
         if settings.kl_beta > 0 and not settings.lora:
@@ -202,16 +207,28 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _frozen_logprobs(self, model, samples: Sequence[TrainSample]) -> torch.Tensor:
+        """[B, T] log-probs of every sample; with several processes each rank computes its share and all gather."""
         was_training = model.training
         model.eval()
         chunks = []
         width = max(len(s.completion_ids) for s in samples)
-        for start in range(0, len(samples), self.settings.micro_batch_size):
-            part = samples[start:start + self.settings.micro_batch_size]
-            lp, _ = sequence_logprobs(model, part, self.pad_id, self.settings.temperature)
-            chunks.append(torch.nn.functional.pad(lp, (width - lp.shape[1], 0)))
+        first, last = distributed.shard_bounds(len(samples))
+        for start in range(first, last, self.settings.micro_batch_size):
+            part = samples[start:min(start + self.settings.micro_batch_size, last)]
+            with self._autocast():
+                lp, _ = sequence_logprobs(model, part, self.pad_id, self.settings.temperature)
+            chunks.append(torch.nn.functional.pad(lp, (width - lp.shape[1], 0)).cpu())
         model.train(was_training)
-        return torch.cat(chunks)
+        mine = torch.cat(chunks) if chunks else torch.zeros(0, width)
+        return torch.cat(distributed.all_gather_objects(mine)).to(self.device)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _autocast(self):
+        """bf16 mixed precision for forward passes when ``dtype`` is bf16 (weights and optimizer stay fp32)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.settings.dtype == "bf16")
 
     def _reference_logprobs(self, samples: Sequence[TrainSample]) -> torch.Tensor | None:
         if self.settings.kl_beta <= 0:
@@ -238,7 +255,7 @@ class PolicyTrainer:
         single_step = st.epochs == 1 and mini >= len(samples)
         old = None if single_step else self._frozen_logprobs(self.model, samples)
         ref = self._reference_logprobs(samples)
-        rollout = _right_aligned([s.rollout_logprobs for s in samples], width)
+        rollout = _right_aligned([s.rollout_logprobs for s in samples], width).to(self.device)
         order_rng = random.Random(self.seed * 1_000_003 + self.updates_done)
         totals: dict[str, float] = {}
         steps = skipped = 0
@@ -261,6 +278,9 @@ class PolicyTrainer:
         return result
 
     def _optimizer_step(self, samples, indices, old, ref, rollout, width) -> dict[str, float] | None:
+        """One AdamW step on the mini-batch ``indices``. With several processes each rank takes its share of the
+        mini-batch and the gradients are summed over ranks; the loss is normalised by the whole mini-batch's totals,
+        so the summed gradient is the one-process gradient."""
         st = self.settings
         self.optimizer.zero_grad(set_to_none=True)
         batch = [samples[i] for i in indices]
@@ -269,24 +289,26 @@ class PolicyTrainer:
         stats_sum: dict[str, float] = {}
         stats_max: dict[str, float] = {}
         loss_sum = 0.0
-        by_length = _micro_batch_order(self.model, samples, indices)
+        nonfinite = False
+        first, last = distributed.shard_bounds(len(indices))
+        by_length = _micro_batch_order(self.model, samples, indices[first:last])
         for start in range(0, len(by_length), st.micro_batch_size):
             idx = by_length[start:start + st.micro_batch_size]
             part = [samples[i] for i in idx]
-            logprobs, mask = sequence_logprobs(self.model, part, self.pad_id, st.temperature)
+            with self._autocast():
+                logprobs, mask = sequence_logprobs(self.model, part, self.pad_id, st.temperature)
             cols = slice(width - logprobs.shape[1], width)
             loss, stats = policy_loss(
                 logprobs, logprobs.detach() if old is None else old[idx, cols],
-                torch.tensor([s.advantage for s in part], dtype=torch.float32), mask,
+                torch.tensor([s.advantage for s in part], dtype=torch.float32, device=logprobs.device), mask,
                 clip_low=st.clip_low, clip_high=st.clip_high, tis_cap=st.tis_cap,
                 rollout_logprobs=rollout[idx, cols],
                 ref_logprobs=ref[idx, cols] if ref is not None else None, beta=st.kl_beta,
                 agg=st.loss_agg, norm_constant=st.norm_constant, **agg_totals,
             )
             if not torch.isfinite(loss) or stats.get("nonfinite"):
-                log.warning("non-finite loss in a mini-batch; optimizer step skipped")
-                self.optimizer.zero_grad(set_to_none=True)
-                return None
+                nonfinite = True
+                break
             loss.backward()
             loss_sum += float(loss.detach())
             share = stats["n_tokens"] / max(total_tokens, 1)  # token-level statistics, weighted by tokens
@@ -295,7 +317,18 @@ class PolicyTrainer:
                     stats_max[k] = max(stats_max.get(k, -math.inf), float(v))
                 elif k not in ("n_tokens", "n_sequences", "nonfinite"):
                     stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * share
+        shares = distributed.all_gather_objects((nonfinite, loss_sum, stats_sum, stats_max))
+        if any(bad for bad, *_ in shares):
+            log.warning("non-finite loss in a mini-batch; optimizer step skipped")
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        loss_sum = sum(part_loss for _, part_loss, _, _ in shares)
+        stats_sum = {k: sum(part.get(k, 0.0) for _, _, part, _ in shares)
+                     for k in set().union(*(part for _, _, part, _ in shares))}
+        stats_max = {k: max(part[k] for *_, part in shares if k in part)
+                     for k in set().union(*(part for *_, part in shares))}
         params = [p for p in self.model.parameters() if p.requires_grad]
+        distributed.all_reduce_gradients(params)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, st.grad_clip if st.grad_clip > 0 else math.inf))
         if not math.isfinite(grad_norm):
             log.warning("non-finite gradient norm; optimizer step skipped")
