@@ -72,9 +72,13 @@ class TrainConfig(Strict):
     loss_agg: Literal["seq_mean", "token_sum_norm", "token_mean"] = "seq_mean"
     norm_constant: int | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
     lora: LoraSettings | None = None
-    dtype: Literal["fp32", "bf16"] = Field("fp32", description="bf16: mixed precision (bf16 autocast for forward "
-                                           "and backward, fp32 weights and AdamW state)")
-    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass")
+    dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="bf16: mixed precision (bf16 autocast for forward and backward, fp32 weights and AdamW "
+        "state); auto: bf16 on a CUDA device that has it, fp32 otherwise")
+    gradient_checkpointing: bool | None = Field(None, description="recompute activations in the backward pass "
+                                                "(unset: on with CUDA, off on CPU)")
+    offload_idle_role: bool = Field(False, description="keep only the role that samples or trains on the GPU; the "
+                                    "other roles' weights and AdamW state wait in host memory (no effect on CPU)")
 
 
 class RunConfig(Strict):

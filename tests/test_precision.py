@@ -61,3 +61,40 @@ def test_lora_trains_only_adapters_and_checkpoints_hold_them(random_model_dir, t
     saved = load_file(str(tmp_path / "run" / "checkpoints" / "step_000001" / "solver.safetensors"))
     assert any("lora_A" in k for k in saved) and any("lora_B" in k for k in saved)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1
+
+
+def test_offloading_the_idle_role_moves_it_and_changes_no_result(random_model_dir):
+    """train.offload_idle_role: every forward pass (sampling, dev gradient, influence, both updates) runs on the
+    resident role; a step computes what it computes without offloading; activation moves weights and AdamW state."""
+    from coevolve.rl.residency import Residency
+    from test_infuser import make_recipe
+
+    plain = make_recipe(random_model_dir).step(1)
+    recipe = make_recipe(random_model_dir, "train.offload_idle_role=true")
+    residency = recipe._residency
+    assert {id(t) for t in residency.trainers} == {id(t) for t in recipe.trainers().values()}
+    ran = []
+
+    def must_be_resident(model, *_):
+        assert residency.resident is not None and residency.resident.model is model
+        ran.append(model)
+
+    for trainer in recipe.trainers().values():
+        trainer.model.register_forward_pre_hook(must_be_resident)
+    offloaded = recipe.step(1)
+    assert {id(m) for m in ran} == {id(t.model) for t in recipe.trainers().values()}
+    assert [r["reward"] for r in offloaded.samples] == [r["reward"] for r in plain.samples]
+    assert offloaded.metrics["solver/loss"] == plain.metrics["solver/loss"]
+
+    # The move itself, to a stand-in device (meta holds no data: only placement is checked).
+    solver, generator = recipe.solver_trainer, recipe.generator_trainer
+    moving = Residency(torch.device("meta"))
+    moving.register(solver)
+    moving.register(generator)
+    assert solver.optimizer.state and generator.optimizer.state  # both roles were updated: AdamW state to move
+    moving.activate(solver)
+    assert all(p.device.type == "meta" for p in solver.model.parameters())
+    assert all(v.device.type == "meta" for state in solver.optimizer.state.values()
+               for k, v in state.items() if k != "step")
+    assert all(p.device.type == "cpu" for p in generator.model.parameters())
+    assert all(v.device.type == "cpu" for state in generator.optimizer.state.values() for v in state.values())

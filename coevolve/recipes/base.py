@@ -13,11 +13,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
 
+import torch
 from pydantic import BaseModel, ConfigDict
 
 from coevolve import distributed
 from coevolve.config import ConfigError, RunConfig
 from coevolve.models import Policy, load_policy
+from coevolve.rl.residency import Residency, ResidentEngine
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
 from coevolve.rollout import Completion, RolloutEngine, SamplingParams, make_engine, weights_version
 
@@ -65,6 +67,8 @@ class Recipe:
                                        top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens)
         self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
+        self._residency = (Residency(distributed.device_for(config.device)) if config.train.offload_idle_role
+                           else None)
 
     # --- what the loop needs ----------------------------------------------------------------------
     def trainers(self) -> dict[str, PolicyTrainer]:
@@ -93,14 +97,16 @@ class Recipe:
     def make_trainer(self, policy: Policy, **overrides: Any) -> PolicyTrainer:
         """A trainer for ``policy`` with the run's ``train`` settings (keyword overrides per role)."""
         train = self.config.train
+        on_cuda = distributed.device_for(self.config.device).type == "cuda"
+        bf16 = train.dtype == "bf16" or (train.dtype == "auto" and on_cuda and torch.cuda.is_bf16_supported())
         settings = UpdateSettings(
             lr=train.lr, weight_decay=train.weight_decay, grad_clip=train.grad_clip,
             mini_batch_size=train.mini_batch_size, micro_batch_size=train.micro_batch_size, epochs=train.epochs,
             clip_low=train.clip_low, clip_high=train.clip_high, tis_cap=train.tis_cap, kl_beta=train.kl_beta,
             loss_agg=train.loss_agg, norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature,
-            lora=train.lora.model_dump() if train.lora else None, dtype=train.dtype,
-            gradient_checkpointing=train.gradient_checkpointing,
+            lora=train.lora.model_dump() if train.lora else None, dtype="bf16" if bf16 else "fp32",
+            gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing,
         )
         for key, value in overrides.items():
             setattr(settings, key, value)
@@ -112,6 +118,8 @@ class Recipe:
             raise ConfigError(f"config key 'train.lora.target_modules': {str(exc).splitlines()[0]}") from None
         policy.model = trainer.model  # LoRA wraps the model; sampling uses the wrapped one
         self._trainers[id(policy)] = trainer
+        if self._residency is not None:
+            self._residency.register(trainer)
         return trainer
 
     def role_trainer(self, policy: Policy, role: str) -> PolicyTrainer:
@@ -132,6 +140,8 @@ class Recipe:
             trainer = self._trainers.get(key)
             version = None if trainer is None else (lambda: (trainer.updates_done, weights_version(policy.model)))
             engine = make_engine(policy, self.config.rollout, version=version, seed=self.config.seed)
+            if self._residency is not None and trainer is not None:  # roles take turns on the GPU
+                engine = ResidentEngine(engine, trainer)
             if distributed.world_size() > 1:  # each rank samples its share; every rank sees the whole batch
                 engine = distributed.DataParallelEngine(engine, self.config.rollout.batch_size)
             self._engines[key] = engine

@@ -65,6 +65,7 @@ def accumulate_policy_gradient(trainer: PolicyTrainer, samples: Sequence[TrainSa
     if not samples:
         return
     totals = dict(totals) if totals is not None else batch_totals(samples)
+    trainer.make_resident()
     was_training = trainer.model.training
     trainer.model.train()
     for start in range(0, len(samples), st.micro_batch_size):
@@ -190,6 +191,7 @@ def influence_scores(trainer: PolicyTrainer, questions: Sequence[Sequence[TrainS
     ``precondition`` False is the ``sgd_cosine`` ablation. The solver's weights and optimizer state are unchanged;
     the ``.grad`` buffers are left empty.
     """
+    trainer.make_resident()
     params = trainable(trainer)
     dev_norm = float(sum(float(d.double().square().sum()) for d in dev)) ** 0.5
     preconditioners = adam_preconditioners(trainer.optimizer, params) if precondition else None
@@ -231,6 +233,7 @@ def one_step_dev_gains(trainer: PolicyTrainer, questions: Sequence[Sequence[Trai
     The update is ``trainer.update`` on the question's rollouts (one AdamW step when they fit one mini-batch). The
     weights, optimizer state and update count are restored after each question.
     """
+    trainer.make_resident()
     model, was_training = trainer.model, trainer.model.training
     model.eval()
     before = _logprob_sums(trainer, dev)

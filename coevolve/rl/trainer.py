@@ -17,6 +17,7 @@ import torch
 
 from coevolve import distributed
 from coevolve.rl.losses import policy_loss
+from coevolve.rl.residency import Residency
 from coevolve.rollout.hf import left_pad, position_ids_from_mask
 
 log = logging.getLogger(__name__)
@@ -200,6 +201,12 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas,
                                            weight_decay=settings.weight_decay, fused=fused)
         self.updates_done = 0
+        self.residency: Residency | None = None  # set by Residency.register (train.offload_idle_role)
+
+    def make_resident(self) -> None:
+        """Bring this role's weights and optimizer state onto the accelerator when roles take turns there."""
+        if self.residency is not None:
+            self.residency.activate(self)
 
     @property
     def pad_id(self) -> int:
@@ -247,6 +254,7 @@ class PolicyTrainer:
         samples = [s for s in samples if s.completion_ids]
         if not samples:
             return {"loss": 0.0, "optimizer_steps": 0, "skipped_steps": 0}
+        self.make_resident()
         st = self.settings
         width = max(len(s.completion_ids) for s in samples)
         mini = st.mini_batch_size or len(samples)

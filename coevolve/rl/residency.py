@@ -1,0 +1,81 @@
+"""One role on the accelerator at a time (``train.offload_idle_role``).
+
+A two-role run keeps a generator and a solver, each with fp32 weights and two AdamW moments (16 bytes per
+parameter). With this setting, the trainer about to sample, update or take gradients is made resident on the
+accelerator first and every other registered trainer's weights, optimizer state and frozen reference wait in host
+memory, so only one role's training state occupies the GPU. Recipes never call this: the Recipe base registers the
+trainers and wraps their samplers, and the trainer and the influence functions call ``make_resident`` themselves.
+On a CPU-only run every model already lives in host memory and nothing moves.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from coevolve.rollout.base import Completion, RolloutEngine, SamplingParams
+
+if TYPE_CHECKING:
+    from coevolve.rl.trainer import PolicyTrainer
+
+HOST = torch.device("cpu")
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move AdamW's moments (and, for the fused kernel, its step counters) to ``device``, in place."""
+    for group in optimizer.param_groups:
+        keep_step_on_host = not (group.get("fused") or group.get("capturable"))
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if torch.is_tensor(value) and not (key == "step" and keep_step_on_host):
+                    state[key] = value.to(device, non_blocking=True)
+
+
+class Residency:
+    """Which registered trainer's training state is on ``device``; the others wait in host memory."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.trainers: list[PolicyTrainer] = []
+        self.resident: PolicyTrainer | None = None
+
+    def register(self, trainer: PolicyTrainer) -> None:
+        self.trainers.append(trainer)
+        trainer.residency = self
+
+    def activate(self, trainer: PolicyTrainer) -> None:
+        """Make ``trainer`` resident on the device, moving every other registered trainer to host memory."""
+        if self.resident is trainer or self.device.type == HOST.type:
+            self.resident = trainer
+            return
+        for other in self.trainers:
+            if other is not trainer and other.model is not trainer.model:
+                self._place(other, HOST)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self._place(trainer, self.device)
+        self.resident = trainer
+
+    @staticmethod
+    def _place(trainer: PolicyTrainer, device: torch.device) -> None:
+        trainer.model.to(device)
+        if trainer.reference is not None:
+            trainer.reference.to(device)
+        move_optimizer_state(trainer.optimizer, device)
+
+
+class ResidentEngine:
+    """A sampler that makes its policy's trainer resident before each ``generate``."""
+
+    def __init__(self, inner: RolloutEngine, trainer: PolicyTrainer):
+        self.inner = inner
+        self.trainer = trainer
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
+        self.trainer.make_resident()
+        return self.inner.generate(prompts, params, seed)
+
+    def pop_metrics(self) -> dict[str, float]:
+        return self.inner.pop_metrics()
