@@ -1,0 +1,228 @@
+"""coevolve on one GPU at Qwen2.5 sizes, with no model download: sampling, training and a colocated two-role step.
+
+Models are built from Qwen2.5-0.5B- and Qwen2.5-1.5B-shaped configs (``Qwen2ForCausalLM``, vocabulary 151,936, tied
+embeddings) with random weights, saved once to a scratch folder with a stand-in tokenizer (one token per printable
+character plus filler tokens up to the vocabulary size). Random weights make the figures about speed and memory
+only. For each size it measures
+
+- sampling: ``HFRolloutEngine.generate`` (the HF engine, fp32 weights as a recipe trains them) on B prompts x T new
+  tokens, EOS ignored so every sequence is exactly T tokens (default 256 x 512);
+- training: one ``PolicyTrainer.update`` (bf16 autocast, fp32 master weights and AdamW state, gradient
+  checkpointing) on N sequences of P prompt + C completion tokens; tokens/s and model FLOP utilisation, counting
+  6 x parameters + 6 x layers x hidden x sequence length FLOPs per token (causal attention) against the GPU's
+  dense bf16 peak;
+- a two-role step: ``r_zero`` with both roles' models, optimizers and samplers colocated on the one GPU (bf16,
+  gradient checkpointing, optionally ``train.offload_idle_role``), one questioner step then one solver step; peak
+  GPU memory (``torch.cuda.max_memory_allocated``) over both, and seconds per phase. A random model writes no
+  parseable question, so every questioner output is read as the same question and a sampled answer as one of four
+  values by its characters; all sampling, voting, rewards and updates run as in a real run.
+
+Goals (figures, not tests): training at 40% or more of the bf16 peak at 1.5B, and the colocated two-role step at
+1.5B within 80 GB.
+
+Run from the repository root on a CUDA machine: ``.venv/bin/python bench/gpu.py`` (``--sizes 0.5b`` for one size,
+``--offload`` to take turns on the GPU). ``--smoke`` runs every measurement on a tiny model at tiny sizes on the CPU
+(to check the benchmark runs; its figures mean nothing). Writes ``bench/results/gpu.json`` (``gpu_smoke.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import string
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from speed import RESULTS_DIR, machine_info, run_header, write_json
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151936),
+    "smoke": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=512),
+}
+# Dense bf16 tensor-core peak, TFLOP/s, by a substring of the device name (first match wins).
+PEAK_BF16_TFLOPS = [("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("H800", 989.4), ("A100", 312.0),
+                    ("L40S", 362.0), ("A10", 125.0)]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def build_model_folder(shape: str, folder: Path) -> Path:
+    """A random-weight model of ``shape`` with a stand-in tokenizer, saved as a Hugging Face folder."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    if (folder / "config.json").exists():
+        return folder
+    dims = SHAPES[shape]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    chars = sorted(set(string.printable) - set("\x0b\x0c\r"))
+    vocab = {tok: i for i, tok in enumerate([*specials, *chars])}
+    vocab.update({f"<f{i}>": i for i in range(len(vocab), dims["vocab_size"])})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<|endoftext|>"))
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                        additional_special_tokens=specials[1:])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = Qwen2Config(**dims, tie_word_embeddings=True, max_position_embeddings=4096, rope_theta=1e6,
+                         eos_token_id=vocab["<|im_end|>"], pad_token_id=vocab["<|endoftext|>"])
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def peak_tflops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_TFLOPS if key in name), None)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_sampling(folder: Path, device: torch.device, prompts: int, tokens: int) -> dict[str, Any]:
+    from coevolve.models import load_policy
+    from coevolve.rollout import SamplingParams
+    from coevolve.rollout.hf import HFRolloutEngine
+
+    policy = load_policy(str(folder), device=str(device))
+    engine = HFRolloutEngine(policy.model, policy.tokenizer, batch_size=prompts, eos_token_ids=[])
+    texts = [policy.format_prompt(f"What is {i} + {2 * i}?") for i in range(prompts)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=tokens)
+    engine.generate(texts[:2], SamplingParams(temperature=1.0, max_new_tokens=4), seed=0)  # warm-up
+    sync(device)
+    started = time.perf_counter()
+    completions = engine.generate(texts, params, seed=1)
+    sync(device)
+    seconds = time.perf_counter() - started
+    generated = sum(len(c.token_ids) for c in completions)
+    del engine, policy
+    return {"prompts": prompts, "new_tokens": tokens, "seconds": seconds, "tokens_per_s": generated / seconds}
+
+
+def bench_training(folder: Path, device: torch.device, sequences: int, prompt_len: int, completion_len: int,
+                   micro_batch: int) -> dict[str, Any]:
+    from coevolve.models import load_policy
+    from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
+
+    policy = load_policy(str(folder), device=str(device))
+    model, config = policy.model, policy.model.config
+    trainer = PolicyTrainer(model, policy.tokenizer, UpdateSettings(
+        lr=1e-6, micro_batch_size=micro_batch, dtype="bf16", gradient_checkpointing=True))
+    gen = torch.Generator().manual_seed(0)
+
+    def batch(n: int) -> list[TrainSample]:
+        ids = torch.randint(200, config.vocab_size, (n, prompt_len + completion_len), generator=gen).tolist()
+        return [TrainSample(row[:prompt_len], row[prompt_len:], [-5.0] * completion_len, (-1.0) ** i)
+                for i, row in enumerate(ids)]
+
+    trainer.update(batch(micro_batch))  # warm-up: kernels, AdamW state
+    sync(device)
+    started = time.perf_counter()
+    trainer.update(batch(sequences))
+    sync(device)
+    seconds = time.perf_counter() - started
+    tokens = sequences * (prompt_len + completion_len)
+    n_params = sum(p.numel() for p in model.parameters())
+    flops_per_token = 6 * n_params + 6 * config.num_hidden_layers * config.hidden_size * (prompt_len + completion_len)
+    peak = peak_tflops(device)
+    achieved = flops_per_token * tokens / seconds / 1e12
+    result = {"sequences": sequences, "tokens_per_sequence": prompt_len + completion_len, "micro_batch": micro_batch,
+              "parameters": n_params, "seconds": seconds, "tokens_per_s": tokens / seconds,
+              "achieved_tflops": achieved, "peak_bf16_tflops": peak, "mfu": achieved / peak if peak else None}
+    del trainer, policy, model
+    return result
+
+
+def bench_two_role_step(folder: Path, device: torch.device, sizes: dict[str, int], offload: bool) -> dict[str, Any]:
+    from coevolve.recipes import resolve
+    from coevolve.recipes.r_zero import Question
+
+    sets = [f"model={folder}", "task=arith", "eval_sets=[]", f"device={device.type}", "train.dtype=bf16",
+            "train.gradient_checkpointing=true", f"train.offload_idle_role={str(offload).lower()}",
+            "params.questioner_steps=1", "params.solver_steps=1", *(f"{k}={v}" for k, v in sizes.items())]
+    config, params, cls = resolve("r_zero", sets=sets)
+    recipe = cls(config, params)
+    # Random weights write no question: read every output as the same one; a sampled answer is one of four values.
+    recipe.read_question = lambda output: Question(output, "What is 17 + 25?", None)
+    recipe.task.parse_answer = lambda text, style: str(sum(map(ord, text)) % 4)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    phases: dict[str, float] = {}
+    steps = {}
+    for step, phase in ((1, "questioner"), (2, "solver")):
+        sync(device)
+        started = time.perf_counter()
+        out = recipe.step(step)
+        sync(device)
+        steps[phase] = {"seconds": time.perf_counter() - started,
+                        "optimizer_steps": out.metrics.get(f"{phase}/optimizer_steps")}
+        phases.update({f"{phase}/{k.removeprefix('time/')}": v for k, v in out.metrics.items()
+                       if k.startswith("time/")})
+    peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    del recipe
+    return {"sizes": sizes, "offload_idle_role": offload, "steps": steps, "phases_s": phases,
+            "peak_gpu_memory_gib": peak_gib}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=["0.5b", "1.5b"])
+    parser.add_argument("--smoke", action="store_true", help="tiny model, tiny sizes, on the CPU")
+    parser.add_argument("--offload", action="store_true", help="two-role step with train.offload_idle_role")
+    parser.add_argument("--sample-prompts", type=int, default=256)
+    parser.add_argument("--sample-tokens", type=int, default=512)
+    parser.add_argument("--train-sequences", type=int, default=64)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "coevolve-gpu-bench")
+    args = parser.parse_args()
+    device = torch.device("cpu" if args.smoke else "cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench/gpu.py needs a CUDA device (or --smoke for a CPU check of the benchmark itself)")
+    shapes = ["smoke"] if args.smoke else args.sizes
+    small = args.smoke
+    step_sizes = {  # r_zero: B_Q x G_Q questions scored by m_s solver samples; N_pool x m_l labels; B_S x G_S
+        "params.questioner_prompts": 2 if small else 32, "params.questioner_group": 2 if small else 4,
+        "params.score_samples": 2 if small else 10, "params.pool_size": 4 if small else 128,
+        "params.label_samples": 2 if small else 8, "params.solver_questions": 2 if small else 32,
+        "params.solver_group": 2 if small else 8, "params.question_max_tokens": 8 if small else 256,
+        "rollout.max_new_tokens": 8 if small else 512, "rollout.batch_size": 4 if small else 256,
+        "train.micro_batch_size": 2 if small else args.micro_batch,
+    }
+    results: dict[str, Any] = {**run_header(), "machine": machine_info(), "smoke": small, "models": {}}
+    if device.type == "cuda":
+        results["machine"]["gpu"] = torch.cuda.get_device_name(device)
+    for shape in shapes:
+        folder = build_model_folder(shape, args.scratch / shape)
+        print(f"== {shape} ({folder})", flush=True)
+        row = {
+            "sampling": bench_sampling(folder, device, 4 if small else args.sample_prompts,
+                                       8 if small else args.sample_tokens),
+            "training": bench_training(folder, device, 4 if small else args.train_sequences, 8 if small else 128,
+                                       8 if small else 512, 2 if small else args.micro_batch),
+            "two_role_step": bench_two_role_step(folder, device, step_sizes, args.offload),
+        }
+        results["models"][shape] = row
+        print(json.dumps(row, indent=2), flush=True)
+    write_json(RESULTS_DIR / ("gpu_smoke.json" if small else "gpu.json"), results)
+    for shape, row in results["models"].items():
+        s, t, two = row["sampling"], row["training"], row["two_role_step"]
+        mfu = f"{100 * t['mfu']:.1f}%" if t["mfu"] is not None else "n/a"
+        peak = f"{two['peak_gpu_memory_gib']:.1f} GiB" if two["peak_gpu_memory_gib"] is not None else "n/a"
+        print(f"{shape}: sampling {s['tokens_per_s']:.0f} tok/s  training {t['tokens_per_s']:.0f} tok/s "
+              f"(MFU {mfu})  two-role step peak memory {peak}, "
+              f"{sum(v['seconds'] for v in two['steps'].values()):.1f} s")
+
+
+if __name__ == "__main__":
+    main()
