@@ -1,4 +1,4 @@
-"""Command line: ``coevolve run | eval | recipes | report | compare``."""
+"""Command line: ``coevolve run | sft | eval | recipes | report | compare``."""
 
 from __future__ import annotations
 
@@ -116,6 +116,33 @@ def _launch_ranks(processes: int, out_dir: Path) -> None:
     if done.returncode != 0:
         _fail(f"a rank failed (exit code {done.returncode}) and the run stopped on all {processes} processes; "
               f"continue with: coevolve run --resume {out_dir} --processes {processes}", done.returncode)
+
+
+@app.command()
+def sft(
+    recipe: str = typer.Argument(..., help="recipe whose generator output format to teach (see `coevolve recipes`)"),
+    set_: list[str] = typer.Option([], "--set", help="override a warm-up key: --set steps=60 (repeatable)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="output folder (default runs/sft-<recipe>-<time>)"),
+    quiet: bool = typer.Option(False, "--quiet", help="no per-step loss lines"),
+) -> None:
+    """Format warm-up: fine-tune a generator on GSM8K-train problems written in the recipe's output format; start a
+    run's generator from it with --set params.generator_init=OUT."""
+    from coevolve.config import ConfigError, parse_set
+    from coevolve.evaluation.benchmarks import BenchmarkDataNotFound
+    from coevolve.models import ModelNotFoundError
+    from coevolve.sft import resolve_sft, run_sft
+
+    out_dir = out or Path("runs") / f"sft-{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        summary = run_sft(resolve_sft(recipe, parse_set(set_)), out_dir, progress=not quiet)
+    except ConfigError as exc:
+        _fail(str(exc), 2)
+    except KeyError as exc:
+        _fail(str(exc).strip("'\""), 2)
+    except (ModelNotFoundError, BenchmarkDataNotFound) as exc:
+        _fail(str(exc))
+    typer.echo(f"done: loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f} in {summary['wall_s']:.0f} s; "
+               f"use --set params.generator_init={out_dir}")
 
 
 @app.command("eval")

@@ -111,6 +111,13 @@ class RunConfig(Strict):
             self.train.tis_cap = VLLM_DEFAULT_TIS_CAP
         return self
 
+    @model_validator(mode="after")
+    def _constrained_samples_need_tis(self) -> "RunConfig":
+        """Constrained decoding samples from a masked distribution q, not pi: TIS weights pi_old / q correct for it."""
+        if self.params.get("format_constraint") and self.train.tis_cap is None:
+            self.train.tis_cap = VLLM_DEFAULT_TIS_CAP
+        return self
+
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """Recursively merge ``override`` into a copy of ``base`` (mappings merge, anything else replaces)."""

@@ -6,18 +6,21 @@ sampling, step seeds, sample records) live here so a recipe file reads like its 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from coevolve import distributed
 from coevolve.config import ConfigError, RunConfig
+from coevolve.format_help import FormatWatch, examples_block, load_worked_examples, output_format
 from coevolve.models import Policy, load_policy
 from coevolve.rl.residency import Residency, ResidentEngine
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
@@ -30,6 +33,20 @@ class RecipeParams(BaseModel):
     """Base of each recipe's ``params`` section (unknown keys are errors)."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class GeneratorParams(RecipeParams):
+    """``params`` of a recipe with a generator: the format help switches (:mod:`coevolve.format_help`), all off in
+    the papers' presets."""
+
+    format_examples: int = Field(0, ge=0, le=16, description="worked examples of the output format (GSM8K-train "
+                                 "problems) appended to the generator prompt")
+    format_constraint: bool = Field(False, description="constrained decoding of the generator's output format "
+                                    "(xgrammar / vLLM structured outputs); turns on train.tis_cap")
+    generator_init: str | None = Field(None, description="start the generator (one-policy recipes: the policy) from "
+                                       "this `coevolve sft` output folder (its model/) or model folder")
+    format_warn_after: int = Field(3, gt=0, description="K: warn once after K consecutive generator steps with no "
+                                   "valid output")
 
 
 @dataclass
@@ -69,6 +86,8 @@ class Recipe:
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
         self._residency = (Residency(distributed.device_for(config.device)) if config.train.offload_idle_role
                            else None)
+        if isinstance(params, GeneratorParams):
+            self._init_format_help(params)
 
     # --- what the loop needs ----------------------------------------------------------------------
     def trainers(self) -> dict[str, PolicyTrainer]:
@@ -154,6 +173,44 @@ class Recipe:
             for key, value in engine.pop_metrics().items():
                 totals[key] = totals.get(key, 0.0) + value
         return totals
+
+    # --- format help (coevolve.format_help) -----------------------------------------------------------
+    def _init_format_help(self, params: GeneratorParams) -> None:
+        helped = params.format_examples or params.format_constraint or params.generator_init
+        if helped and self.config.task == "arith":
+            raise ConfigError("config key 'params.format_examples/format_constraint/generator_init': format help is "
+                              "for chat tasks (math and its document variants); tiny-arith has its own formats")
+        self.format_watch = FormatWatch(self.name, params.format_warn_after)
+        self.format_examples = (load_worked_examples(params.format_examples, self.config.seed, self.config.data_dir)
+                                if params.format_examples else [])
+
+    def generator_message(self, message: str) -> str:
+        """The generator's user message with ``params.format_examples`` worked examples of its format appended."""
+        return message + examples_block(self.name, self.format_examples)
+
+    def generator_sampling(self, sampling: SamplingParams) -> SamplingParams:
+        """The generator's sampling, constrained to its output format when ``params.format_constraint`` is on."""
+        if not self.params.format_constraint:
+            return sampling
+        return replace(sampling, regex=output_format(self.name).regex)
+
+    def generator_model(self) -> str:
+        """What the generator starts from: ``params.generator_init`` (a ``coevolve sft`` folder's model) or the
+        run's model."""
+        init = self.params.generator_init
+        if init is None:
+            return self.config.model
+        return str(Path(init) / "model") if (Path(init) / "model").is_dir() else init
+
+    def generator_policy(self, solver: Policy) -> Policy:
+        """The generator of a two-model recipe: a copy of the solver, or the ``params.generator_init`` model."""
+        if self.params.generator_init is None:
+            return Policy(solver.name, copy.deepcopy(solver.model), solver.tokenizer, solver.prompt_style)
+        return self.load_policy(self.generator_model())
+
+    def watch_format(self, step: int, valid: int, total: int) -> None:
+        """Count a generator step's valid outputs; one warning after ``params.format_warn_after`` empty steps."""
+        self.format_watch.observe(step, valid, total)
 
     def sample_groups(self, policy: Policy, prompts: Sequence[str], group_size: int, seed: int,
                       params: SamplingParams | None = None) -> list[list[Completion]]:

@@ -31,7 +31,7 @@ from pydantic import Field
 
 from coevolve.grading.equivalence import verify_equivalent
 from coevolve.grading.vote import VoteResult, majority_vote
-from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput, mean, register, role_metrics,
+from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
                                    step_seed, train_samples)
 from coevolve.rewards.difficulty import tent_reward
 from coevolve.rewards.filters import FILTER_RULES, filter_reasons
@@ -51,7 +51,7 @@ QUESTION_MARK, SOLUTION_MARK = "Question:", "Solution:"
 QUESTION_TERMS = ("R_q", "R_dq", "R_da")
 
 
-class DynamicRLParams(RecipeParams):
+class DynamicRLParams(GeneratorParams):
     """Algorithm 1's inputs (n, m, tau, the lambdas) and the paper's ablations (Table 2) as switches."""
 
     n: int = Field(32, gt=1, description="questions per step (one group for the question rewards)")
@@ -150,15 +150,16 @@ class DynamicRL(Recipe):
     def __init__(self, config, params: DynamicRLParams):
         super().__init__(config, params)
         self.task = get_task(config.task, data_dir=config.data_dir)
-        self.policy = self.load_policy()
+        self.policy = self.load_policy(self.generator_model())  # the model, or a format warm-up's
         self.trainer = self.make_trainer(self.policy)
         self.style = self.policy.prompt_style
         # z_0: the paper's prompt for free-form math (generation stops at "Solution:", so the output is the question
         # plus its delimiter, spec §13 item 2); the arithmetic world's writer prompt ("W:" for tiny-arith) otherwise.
         paper_prompt = self.task.name != "arith"
-        self.z0 = self.policy.format_prompt(Z0 if paper_prompt else arith.question_prompt(self.style))
-        self.question_sampling = replace(self.sampling, max_new_tokens=params.question_max_tokens,
-                                         stop=(SOLUTION_MARK,) if paper_prompt else ())
+        self.z0 = self.policy.format_prompt(self.generator_message(Z0) if paper_prompt
+                                            else arith.question_prompt(self.style))
+        self.question_sampling = self.generator_sampling(replace(
+            self.sampling, max_new_tokens=params.question_max_tokens, stop=(SOLUTION_MARK,) if paper_prompt else ()))
         # S_a: the toy world's answers are integers, decided exactly by the vote's fast path; math uses math-verify.
         self.equivalent = None if self.task.name == "arith" else verify_equivalent
         self.weights = {"R_q": params.lambda_q if params.question_reward else 0.0,
@@ -178,6 +179,7 @@ class DynamicRL(Recipe):
                                          self.question_sampling)[0]
             questions = [GeneratedQuestion(o, self.parse_question(o)) for o in outputs]
             posed = [q for q in questions if q.text is not None]
+        self.watch_format(step, len(posed), len(questions))
         with timer("solve"):  # line 4: m solutions from pi(.|q, z_q) per question
             prompts = [self.policy.format_prompt(self.task.solver_prompt(q.text, None, self.style)) for q in posed]
             for q, group in zip(posed, self.sample_groups(self.policy, prompts, p.m, step_seed(seed, step, "solve"))):

@@ -70,7 +70,6 @@ batch_std), ``frozen_generator: true`` (Fix-gen).
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import re
@@ -83,8 +82,7 @@ from scipy.stats import spearmanr
 
 from coevolve.documents import DocumentPool, dev_set, load_documents, tokenizer_counter
 from coevolve.grading.extract import braces_balanced
-from coevolve.models import Policy
-from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput, mean, register, role_metrics,
+from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
                                    step_seed, train_samples)
 from coevolve.rl.advantages import compute_advantages, dr_grpo_advantages, nonzero_variance_mask
 from coevolve.rl.influence import DevGradient, dev_gradient, influence_scores, one_step_dev_gains
@@ -151,7 +149,7 @@ def parse_generator_json(text: str) -> tuple[str, str] | None:
     return found
 
 
-class InfuserParams(RecipeParams):
+class InfuserParams(GeneratorParams):
     """Algorithm 1's inputs (B, n, M, dev set, ρ_inv, learning rates) and the ablation switches."""
 
     documents_per_step: int = Field(128, gt=0, description="B, documents per iteration")
@@ -233,8 +231,7 @@ class Infuser(Recipe):
         super().__init__(config, params)
         self.task = get_task(config.task, data_dir=config.data_dir)
         self.solver_policy = self.load_policy()
-        self.generator = Policy(self.solver_policy.name, copy.deepcopy(self.solver_policy.model),
-                                self.solver_policy.tokenizer, self.solver_policy.prompt_style)
+        self.generator = self.generator_policy(self.solver_policy)
         n, m = params.group_size, params.minibatch_prompts
         self.solver_trainer = self.make_trainer(self.solver_policy, mini_batch_size=m * n)
         self.generator_trainer = self.make_trainer(self.generator, mini_batch_size=m * n, lr=params.generator_lr)
@@ -248,7 +245,8 @@ class Infuser(Recipe):
         self.dev: list[Problem] = dev_set(config.task, params.dev_size, source=params.dev_source, seed=config.seed,
                                           data_dir=config.data_dir, levels=params.dev_levels)
         self.dev_rollouts = params.dev_rollouts or params.group_size
-        self.generator_sampling = replace(self.sampling, max_new_tokens=params.generator_max_tokens)
+        self.question_sampling = self.generator_sampling(replace(self.sampling,
+                                                                 max_new_tokens=params.generator_max_tokens))
 
     def trainers(self):
         return {"generator": self.generator_trainer, "solver": self.solver_trainer}
@@ -268,10 +266,11 @@ class Infuser(Recipe):
         docs = self.documents.take(seed, (step - 1) * p.documents_per_step, p.documents_per_step)
         with timer("generate"):  # Phase 2
             groups = self.sample_groups(self.generator, [self.generator_prompt(d) for d in docs], p.group_size,
-                                        step_seed(seed, step, "generate"), self.generator_sampling)
+                                        step_seed(seed, step, "generate"), self.question_sampling)
             generated = [Generated(d, g, c) for g, (d, group) in enumerate(zip(docs, groups)) for c in group]
             for x in generated:
                 x.question, x.key = self.read_generation(x.output.text, x.doc)
+        self.watch_format(step, sum(x.valid for x in generated), len(generated))
         with timer("solve"):  # Phase 3
             self.solve([x for x in generated if x.valid], step_seed(seed, step, "solve"))
         retained = [x for x in generated if x.informative]
@@ -345,7 +344,7 @@ class Infuser(Recipe):
     def generator_prompt(self, doc: str) -> str:
         if self.arith:
             return self.generator.format_prompt(arith.question_prompt(self.style, doc=doc))
-        return self.generator.format_prompt(GENERATOR_PROMPT.format(text=doc))
+        return self.generator.format_prompt(self.generator_message(GENERATOR_PROMPT.format(text=doc)))
 
     def read_generation(self, text: str, doc: str) -> tuple[str | None, str | None]:
         """(q, a_φ) of a valid generation (§6.1), (None, None) for an invalid one."""

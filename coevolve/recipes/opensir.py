@@ -82,7 +82,7 @@ from coevolve.grading.equivalence import verify_equivalent
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.models import Policy
 from coevolve.pool import ProblemPool
-from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput, mean, register, role_metrics,
+from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
                                    step_seed, train_samples)
 from coevolve.rewards.difficulty import triangular_solvability
 from coevolve.rewards.format import (StudentFormat, TeacherOutput, TeacherRules, length_score, parse_teacher_output,
@@ -130,7 +130,7 @@ _PAPER_SCALE = {
 }
 
 
-class OpenSIRParams(RecipeParams):
+class OpenSIRParams(GeneratorParams):
     batch_size: int = Field(256, gt=0, description="B, rollouts per update: B/(2G) teacher groups + B/(2G) problems")
     group_size: int = Field(8, gt=1, description="G, problems per reference and solutions per problem")
     teacher_upscale: int = Field(2, ge=1, description="teacher groups generated per group trained (k = this*B/(2G))")
@@ -216,12 +216,13 @@ class OpenSIR(Recipe):
             raise ValueError("frozen_generator contradicts params.train_roles='teacher'")
         self.roles = "student" if config.frozen_generator else params.train_roles
         self.task = get_task(config.task, data_dir=config.data_dir)
-        self.policy = self.load_policy()
+        self.policy = self.load_policy(self.generator_model())  # the model, or a format warm-up's
         self.compact = self.policy.prompt_style == "compact"
         # Student-only ablation (§4.4): the teacher stays the policy frozen at its initial state.
         self.teacher = (Policy(self.policy.name, copy.deepcopy(self.policy.model), self.policy.tokenizer,
                                self.policy.prompt_style) if self.roles == "student" else self.policy)
         self.trainer = self.make_trainer(self.policy)
+        self.teacher_sampling = self.generator_sampling(self.sampling)
         self.n_selected = params.batch_size // (2 * params.group_size)  # B/(2G) per role
         self.n_groups = self.n_selected * params.teacher_upscale  # k
         seed = params.seed_problem or SEED_PROBLEM[self.policy.prompt_style]
@@ -250,10 +251,11 @@ class OpenSIR(Recipe):
         references = self.pool.sample(random.Random(step_seed(seed, step, "references")), self.n_groups)
         with timer("generate"):
             groups = self.sample_groups(self.teacher, [self.teacher_prompt(r) for r in references], G,
-                                        step_seed(seed, step, "generate"))
+                                        step_seed(seed, step, "generate"), self.teacher_sampling)
         candidates = [Candidate(i, j, c, self.read_problem(c.text))
                       for i, group in enumerate(groups) for j, c in enumerate(group)]
         valid = [c for c in candidates if c.parsed.valid]
+        self.watch_format(step, len(valid), len(candidates))
 
         # Solution sampling: G solutions per valid problem, majority vote, solve rate.
         with timer("solve"):
@@ -289,7 +291,7 @@ class OpenSIR(Recipe):
     def teacher_prompt(self, reference: str) -> str:
         if self.compact:
             return arith.question_prompt("compact", examples=[reference])
-        return self.teacher.format_prompt(TEACHER_PROMPT.replace("{problem}", reference))
+        return self.teacher.format_prompt(self.generator_message(TEACHER_PROMPT.replace("{problem}", reference)))
 
     def read_problem(self, text: str) -> TeacherOutput:
         """The problem, concepts, validity and format score of one teacher output."""

@@ -69,7 +69,6 @@ answers: Bernoulli(0.5), partial = 0 without an answer; p comes from the random 
 
 from __future__ import annotations
 
-import copy
 import random
 import re
 from dataclasses import dataclass, field, replace
@@ -79,8 +78,7 @@ from pydantic import Field
 
 from coevolve.documents import DocumentPool, load_documents, tokenizer_counter
 from coevolve.grading.extract import extract_boxed
-from coevolve.models import Policy
-from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput, mean, register, role_metrics,
+from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
                                    step_seed, train_samples)
 from coevolve.rewards.pasodoble import DiversityGate, JaccardHistory, LeakMode, leaks_answer, proposer_reward
 from coevolve.rl.advantages import dr_grpo_advantages, grpo_advantages
@@ -113,7 +111,7 @@ _PAPER_SCALE = {
 }
 
 
-class PasoDobleParams(RecipeParams):
+class PasoDobleParams(GeneratorParams):
     """Algorithm 1/2's inputs, the code's options (spec §12.2) and the ablation switches."""
 
     mode: Literal["online", "offline"] = Field("online", description="Algorithm 1 (joint) or 2 (alternating)")
@@ -234,8 +232,7 @@ class PasoDoble(Recipe):
         super().__init__(config, params)
         self.task = get_task(config.task, data_dir=config.data_dir)
         self.solver_policy = self.load_policy()
-        self.proposer = Policy(self.solver_policy.name, copy.deepcopy(self.solver_policy.model),
-                               self.solver_policy.tokenizer, self.solver_policy.prompt_style)
+        self.proposer = self.generator_policy(self.solver_policy)
         self.solver_trainer = self.role_trainer(self.solver_policy, "solver")
         self.proposer_trainer = self.role_trainer(self.proposer, "proposer")
         self.style = self.solver_policy.prompt_style
@@ -248,7 +245,8 @@ class PasoDoble(Recipe):
                                             count=tokenizer_counter(self.proposer.tokenizer),
                                             data_dir=config.data_dir, limit=params.knowledge_pool_size,
                                             seed=config.seed)
-        self.proposer_sampling = replace(self.sampling, max_new_tokens=params.proposer_max_tokens)
+        self.proposer_sampling = self.generator_sampling(replace(self.sampling,
+                                                                 max_new_tokens=params.proposer_max_tokens))
         self.history = JaccardHistory(params.history_size)
         self.buffer: list[Buffered] = []
         self.pointer = 0
@@ -360,6 +358,7 @@ class PasoDoble(Recipe):
         proposals = [Proposal(k, g, c) for g, (k, group) in enumerate(zip(passages, groups)) for c in group]
         for x in proposals:  # line 3: q_i, a_i*
             x.question, x.answer = self.read_proposal(x.output.text, x.passage)
+        self.watch_format(step, sum(bool(x.question and x.answer) for x in proposals), len(proposals))
         with timer("solve"):  # lines 4-5: J answers per question, pass rate
             self.solve([x for x in proposals if x.question], step_seed(seed, step, "solve"))
         with timer("reward"):
@@ -381,7 +380,7 @@ class PasoDoble(Recipe):
         if self.arith:
             return self.proposer.format_prompt(arith.question_prompt(self.style, doc=passage))
         knowledge = KNOWLEDGE.format(passage=passage) if passage else ""
-        return self.proposer.format_prompt(PROPOSER_PROMPT.format(knowledge=knowledge))
+        return self.proposer.format_prompt(self.generator_message(PROPOSER_PROMPT.format(knowledge=knowledge)))
 
     def read_proposal(self, text: str, passage: str | None) -> tuple[str | None, str | None]:
         """(q, a*) from a Proposer completion (spec §6.1-6.2); None where missing."""

@@ -69,7 +69,6 @@ The chat prompts fold R-Zero's system text into the user turn; the solver prompt
 
 from __future__ import annotations
 
-import copy
 import logging
 import random
 import re
@@ -82,7 +81,7 @@ from coevolve.grading.equivalence import answers_equivalent, verify_equivalent
 from coevolve.grading.extract import extract_boxed
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.models import Policy
-from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput, mean, register, role_metrics,
+from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
                                    step_seed, train_samples)
 from coevolve.rewards.uncertainty import (BleuTokens, RZeroForm, in_band, pool_filter_reasons, repetition_penalty,
                                           rzero_reward, uncertainty_reward)
@@ -146,7 +145,7 @@ _RZERO_CODE = {
 }
 
 
-class RZeroParams(RecipeParams):
+class RZeroParams(GeneratorParams):
     """The schedule, batch sizes and reward switches shared by ``r_zero`` and ``prism``."""
 
     questioner_steps: int = Field(6, ge=0, description="S_Q, questioner GRPO steps per iteration")
@@ -238,15 +237,16 @@ class RZero(Recipe):
         super().__init__(config, params)
         self.task = get_task(config.task, data_dir=config.data_dir)
         solver = self.load_policy()  # S_0 = M_0
-        questioner = Policy(solver.name, copy.deepcopy(solver.model), solver.tokenizer, solver.prompt_style)  # Q_0
+        questioner = self.generator_policy(solver)  # Q_0 (a copy of M_0, or a format warm-up's model)
         self.solver_trainer = self.role_trainer(solver, "solver")
         self.questioner_trainer = self.role_trainer(questioner, "questioner")
         self.solver_policy, self.questioner = solver, questioner
         self.style = solver.prompt_style
         self.arith = self.task.name == "arith"
         self.question_prompt = solver.format_prompt(arith.question_prompt(self.style) if self.arith
-                                                    else QUESTIONER_PROMPT)
-        self.question_sampling = replace(self.sampling, max_new_tokens=params.question_max_tokens)
+                                                    else self.generator_message(QUESTIONER_PROMPT))
+        self.question_sampling = self.generator_sampling(replace(self.sampling,
+                                                                 max_new_tokens=params.question_max_tokens))
         self.vote_equivalence = None if self.arith else verify_equivalent  # integers: the vote's exact fast path
         self.bleu_tokens = params.bleu_tokens or ("char" if self.arith else "none")
         self.period = params.questioner_steps + params.solver_steps
@@ -288,6 +288,7 @@ class RZero(Recipe):
             groups = self.sample_groups(self.questioner, [self.question_prompt] * p.questioner_prompts,
                                         p.questioner_group, step_seed(seed, step, "questions"), self.question_sampling)
             questions = [self.read_question(o) for group in groups for o in group]
+        self.watch_format(step, sum(q.text is not None for q in questions), len(questions))
         with timer("score"):  # p(q) from m_s samples of the frozen solver S_{t-1}
             self.label(questions, p.score_samples, step_seed(seed, step, "score"), "all")
         with timer("reward"):
@@ -370,6 +371,7 @@ class RZero(Recipe):
         outputs = self.sample_groups(self.questioner, [self.question_prompt], p.pool_size,
                                      step_seed(seed, step, "pool"), self.question_sampling)[0]
         candidates = [self.read_question(o) for o in outputs]
+        self.watch_format(step, sum(q.text is not None for q in candidates), len(candidates))
         self.label(candidates, p.label_samples, step_seed(seed, step, "pool_labels"), p.pool_p_denominator)
         self.describe_pool(candidates)
         self.pool = [PoolItem(q.text, q.label, q.p, f"i{t}-pool{i}") for i, q in enumerate(candidates)

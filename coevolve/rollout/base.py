@@ -16,13 +16,18 @@ PROMPT_SEED_STRIDE = 1_000_003
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample: temperature 0 means greedy; top_k 0 and top_p 1 mean no truncation."""
+    """How to sample: temperature 0 means greedy; top_k 0 and top_p 1 mean no truncation.
+
+    ``regex``: constrain every completion to match it (constrained decoding, :mod:`coevolve.rollout.constrained`);
+    the completion's log-probs are then those of the masked, renormalised distribution it was sampled from.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 64
     stop: tuple[str, ...] = ()
+    regex: str | None = None
 
 
 @dataclass

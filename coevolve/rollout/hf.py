@@ -1,7 +1,9 @@
 """Batched sampling with a Hugging Face causal LM: left padding, KV cache, our own sampling loop.
 
 Our own loop (rather than ``model.generate``) records the exact log-probability of every sampled
-token under the temperature-scaled distribution, the pi_old that the trainer's PPO ratio needs.
+token under the temperature-scaled distribution, the pi_old that the trainer's PPO ratio needs. With
+``SamplingParams.regex`` it samples from, and records log-probs of, the grammar-masked renormalised distribution
+(:mod:`coevolve.rollout.constrained`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 from transformers import StaticCache
 
 from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, SamplingParams
+from coevolve.rollout.constrained import RegexConstraint
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
@@ -129,8 +132,15 @@ class HFRolloutEngine:
         row_of = list(range(batch))
         alive = torch.ones(batch, dtype=torch.bool, device=device)
         done_in_batch = 0
+        constraint = (RegexConstraint(self.tokenizer, logits.shape[-1], params.regex, self.eos_token_ids, batch)
+                      if params.regex else None)
         for t in range(new):
+            if constraint is not None:  # sample from the masked, renormalised distribution; log-probs are its own
+                live = alive.tolist()
+                logits = constraint.mask(logits, row_of, live)
             chosen, chosen_logprob = sample_tokens(logits.float(), params, generator)
+            if constraint is not None:
+                constraint.accept(chosen.tolist(), row_of, live)
             tokens[rows, t] = chosen
             logprobs[rows, t] = chosen_logprob
             ended = (alive & torch.isin(chosen, eos)).nonzero()[:, 0].tolist()

@@ -7,6 +7,8 @@ cache, so a sample after an optimizer update always comes from the updated weigh
 
 Log-probabilities are vLLM's ``processed_logprobs`` of each sampled token: the temperature-scaled
 distribution, after top-k / top-p truncation when those are set (the distribution actually sampled from).
+With ``SamplingParams.regex`` the request carries vLLM's structured outputs (xgrammar); the grammar bitmask is applied
+to the logits before the sampler, so the processed log-probs are those of the masked, renormalised distribution.
 They are not bit-equal to the trainer's recomputation; the trainer treats them as the behaviour policy of
 truncated importance sampling (``train.tis_cap``) and logs the ratio, never as pi_old.
 
@@ -227,6 +229,7 @@ class VLLMRolloutEngine:
     # --- conversions --------------------------------------------------------------------------------
     def _sampling_params(self, params: SamplingParams, seed: int, index: int, prompt_len: int):
         from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
 
         greedy = params.temperature <= 0
         return VLLMSamplingParams(
@@ -236,7 +239,8 @@ class VLLMRolloutEngine:
             stop=list(params.stop) or None, include_stop_str_in_output=True,
             stop_token_ids=self.eos_token_ids or None, ignore_eos=not self.eos_token_ids, logprobs=0,
             seed=None if greedy else (seed + index * PROMPT_SEED_STRIDE) % (1 << 31),
-            skip_special_tokens=True)
+            skip_special_tokens=True,
+            structured_outputs=StructuredOutputsParams(regex=params.regex) if params.regex else None)
 
     def _completion(self, prompt: str, prompt_ids: list[int], output) -> Completion:
         token_ids = list(output.token_ids)

@@ -1,0 +1,100 @@
+"""Format help: formats the recipes' own parsers accept, constrained decoding and its log-probs, the no-valid-output
+warning, and the config checks (fast; the smollm2 loop tests are in test_real_lm_loop.py)."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+import torch
+
+from coevolve.config import ConfigError
+from coevolve.format_help import FORMATS, FormatWatch, load_worked_examples, warmup_pairs
+from coevolve.rollout.base import SamplingParams
+from coevolve.rollout.constrained import RegexConstraint
+from coevolve.rollout.hf import HFRolloutEngine, encode_prompt
+
+
+@pytest.fixture(scope="module")
+def examples():
+    return load_worked_examples(12, seed=3)
+
+
+def test_rendered_examples_match_regex_and_parse_as_valid(examples):
+    from coevolve.recipes.dynamic_rl import parse_paper_question
+    from coevolve.recipes.infuser import parse_generator_json
+    from coevolve.recipes.pasodoble import _PROBLEM
+    from coevolve.recipes.r_zero import _QUESTION_BLOCK
+    from coevolve.rewards.format import parse_teacher_output
+    from coevolve.rollout import Completion
+
+    for e in examples:
+        texts = {name: fmt.render(e) for name, fmt in FORMATS.items()}
+        texts["dynamic_rl"] = texts["dynamic_rl"].split("Solution:")[0] + "Solution:"  # generation stops there
+        for name, text in texts.items():
+            assert re.fullmatch(FORMATS[name].regex, text), (name, text)
+        assert _QUESTION_BLOCK.search(texts["r_zero"]).group(1).strip() == " ".join(e.question.split())
+        assert _PROBLEM.search(texts["pasodoble"])
+        assert parse_generator_json(texts["infuser"]) == (" ".join(e.question.split()), e.answer)
+        assert parse_teacher_output(texts["opensir"]).valid
+        assert parse_paper_question(Completion("", [], [], texts["dynamic_rl"], finish_reason="stop"))
+
+
+def test_warmup_pairs_use_each_recipes_prompt(examples):
+    for recipe in FORMATS:
+        pairs = warmup_pairs(recipe, examples[:3])
+        assert len(pairs) == 3 and all(target == FORMATS[recipe].render(e) for (_, target), e in zip(pairs, examples))
+    passage_prompt, _ = warmup_pairs("pasodoble", examples[:1])[0]
+    assert examples[0].solution in passage_prompt  # the document is the worked solution
+
+
+def test_format_watch_warns_once_after_k_empty_steps(caplog):
+    watch = FormatWatch("infuser", after=2)
+    with caplog.at_level(logging.WARNING, logger="coevolve.format_help"):
+        assert [watch.observe(s, v, 8) for s, v in [(1, 0), (2, 1), (3, 0), (4, 0), (5, 0), (6, 0)]] == \
+            [False, False, False, True, False, False]
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    assert '"question_text"' in message and "params.format_examples" in message and "coevolve sft infuser" in message
+
+
+def test_constrained_sampling_matches_regex_and_records_masked_logprobs(random_policy):
+    regex = r"[1-9][0-9]?\+[1-9][0-9]?"
+    engine = HFRolloutEngine(random_policy.model, random_policy.tokenizer, batch_size=8,
+                             eos_token_ids=[random_policy.tokenizer.eos_token_id])
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, regex=regex)
+    out = engine.generate(["W:"] * 6, params, seed=0)
+    assert all(re.fullmatch(regex, c.text) for c in out)
+    assert all(c.finish_reason == "eos" for c in out)
+    # Recompute: log q = log_softmax of the masked logits, which is above the unconstrained log-prob wherever
+    # the mask removed mass; the engine must have recorded log q.
+    for c in out:
+        ids = torch.tensor([encode_prompt(random_policy.tokenizer, "W:") + c.token_ids])
+        with torch.no_grad():
+            logits = random_policy.model(ids).logits[0, -len(c.token_ids) - 1:-1].float()
+        constraint = RegexConstraint(random_policy.tokenizer, logits.shape[-1], regex,
+                                     [random_policy.tokenizer.eos_token_id], 1)
+        masked = []
+        for t, token in enumerate(c.token_ids):
+            masked.append(constraint.mask(logits[t:t + 1], [0], [True])[0].log_softmax(-1)[token])
+            constraint.accept([token], [0], [True])
+        plain = logits.log_softmax(-1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(c.logprobs), torch.stack(masked), atol=1e-5)
+        assert (torch.tensor(c.logprobs) >= plain - 1e-6).all() and (torch.tensor(c.logprobs) > plain + 1e-3).any()
+
+
+def test_format_constraint_turns_on_tis_and_help_is_refused_on_arith():
+    from coevolve.recipes import RECIPES, resolve
+
+    cfg, _, _ = resolve("r_zero", sets=["task=math", "model=smollm2-135m", "params.format_constraint=true"])
+    assert cfg.train.tis_cap == 2.0
+    cfg, params, _ = resolve("r_zero", preset="paper")
+    assert cfg.train.tis_cap is None and params.format_examples == 0 and not params.format_constraint
+    cfg, params, cls = resolve("r_zero", preset="small", sets=["params.format_examples=2"])
+    with pytest.raises(ConfigError, match="format help is for chat tasks"):
+        cls(cfg, params)
+    for name in ("r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl"):
+        for preset in RECIPES[name].presets:
+            _, params, _ = resolve(name, preset=preset)
+            assert not (params.format_examples or params.format_constraint or params.generator_init), (name, preset)
