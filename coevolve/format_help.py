@@ -39,17 +39,23 @@ class WorkedExample:
 
 
 def load_worked_examples(count: int, seed: int = 0, data_dir: str | None = None) -> list[WorkedExample]:
-    """``count`` GSM8K-train problems (a seeded sample) with solutions and answers, for examples and warm-up data."""
+    """``count`` GSM8K-train problems (a seeded sample) with solutions and answers, for examples and warm-up data;
+    only problems whose question and solution fit the formats' length bounds (``MAX_CHARS``)."""
     from coevolve.evaluation.benchmarks import _raw_rows, get_benchmark
 
     bench = get_benchmark("gsm8k_train")
     rows = _raw_rows(bench, bench.relpath, data_dir)
-    picked = random.Random(seed).sample(range(len(rows)), min(count, len(rows)))
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
     examples = []
-    for i in picked:
+    for i in order:
         worked, _, final = rows[i]["answer"].rpartition("####")
-        examples.append(WorkedExample(rows[i]["question"].strip(), _CALC.sub("", worked).strip(),
-                                      final.strip().replace(",", "")))
+        example = WorkedExample(rows[i]["question"].strip(), _CALC.sub("", worked).strip(),
+                                final.strip().replace(",", ""))
+        if len(one_line(example.question)) <= MAX_CHARS and len(one_line(example.solution)) <= MAX_CHARS:
+            examples.append(example)
+            if len(examples) == count:
+                break
     return examples
 
 
@@ -69,10 +75,11 @@ class OutputFormat:
     render: Callable[[WorkedExample], str]
 
 
-# Regexes for constrained decoding. The question is one line of at most 400 characters: a newline token can then
+# Regexes for constrained decoding. The question is one line of at most 300 characters: a newline token can then
 # only close it, and a small model cannot ramble past its token budget inside an open tag.
+MAX_CHARS = 300  # longest question (and PasoDoble solution) a format allows: about 75 tokens
 _ANSWER = r"[^{}<>\n]{1,40}"
-_LINE = r"[^<>\n]{10,400}"
+_LINE = r"[^<>\n]{10,300}"
 _R_ZERO = OutputFormat(
     "<question>\\n{the problem}\\n</question>\\n\\n\\boxed{final answer}",
     r"<question>\n" + _LINE + r"\n</question>\n\n\\boxed\{" + _ANSWER + r"\}",
@@ -82,23 +89,23 @@ FORMATS: dict[str, OutputFormat] = {
     "prism": _R_ZERO,
     "pasodoble": OutputFormat(
         "<problem>{the problem}</problem> <answer>{worked solution} \\boxed{final answer}</answer>",
-        r"<problem>" + _LINE + r"</problem> <answer>[^<>{}\n]{0,600}\\boxed\{" + _ANSWER + r"\}</answer>",
+        r"<problem>" + _LINE + r"</problem> <answer>[^<>{}\n]{0,300}\\boxed\{" + _ANSWER + r"\}</answer>",
         lambda e: (f"<problem>{one_line(e.question)}</problem> <answer>{one_line(e.solution)} "
                    f"\\boxed{{{e.answer}}}</answer>")),
     "infuser": OutputFormat(
         '{"question_text": "{the question}", "ground_truth": "{final answer}"}',
-        r'\{"question_text": "[^"\\\n]{10,400}", "ground_truth": "[^"\\\n{}]{1,40}"\}',
+        r'\{"question_text": "[^"\\\n]{10,300}", "ground_truth": "[^"\\\n{}]{1,40}"\}',
         lambda e: json.dumps({"question_text": one_line(e.question), "ground_truth": e.answer})),
     "opensir": OutputFormat(
         "<think>{how it differs}</think>\\n<problem>{the problem}</problem>\\n<concepts>{1-3 concepts, comma "
         "separated}</concepts>",
-        r"<think>[^<>\n]{0,200}</think>\n<problem>" + _LINE
+        r"<think>[^<>\n]{0,120}</think>\n<problem>" + _LINE
         + r"</problem>\n<concepts>[a-z ]{3,30}(, [a-z ]{3,30}){0,2}</concepts>",
         lambda e: (f"<think>A word problem that needs {' and '.join(concepts_of(e))}.</think>\n"
                    f"<problem>{one_line(e.question)}</problem>\n<concepts>{', '.join(concepts_of(e))}</concepts>")),
     "dynamic_rl": OutputFormat(
         "Question: {the question}\\nSolution: {step-by-step solution} (generation stops at 'Solution:')",
-        r"Question: [^\n]{10,400}\nSolution:",
+        r"Question: [^\n]{10,300}\nSolution:",
         lambda e: f"Question: {one_line(e.question)}\nSolution: {e.solution}\nThe answer is {e.answer}."),
 }
 

@@ -1,0 +1,107 @@
+"""Tables of the real-LM experiment (``results.md``, ``results.json``) from whatever finished under ``runs/``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+OPTIONS = ["none", "examples", "constraint", "sft"]
+RECIPES = ["r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl"]
+VALID_KEYS = ("questions/valid_rate", "opensir/valid_rate", "pool/valid_rate")
+
+
+def _read(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _mean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return sum(values) / len(values) if values else None
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def short_run(run_dir: Path) -> dict[str, Any] | None:
+    """What a short run did: per-step rewards and valid rates, solver updates, seconds per phase."""
+    rows = [r for r in _rows(run_dir / "metrics.jsonl") if r.get("step", 0) >= 1 and "time/step_s" in r]
+    if not rows:
+        return None
+    solver_steps = [r.get("solver/optimizer_steps", r.get("policy/optimizer_steps", 0)) or 0 for r in rows]
+    solver_moved = [bool(s) and (r.get("solver/advantage_abs_mean") or 0) > 0 for s, r in zip(solver_steps, rows)]
+    phases: dict[str, float] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith("time/") and isinstance(v, (int, float)):
+                phases[k[5:-2]] = phases.get(k[5:-2], 0.0) + v
+    config = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else ""
+    return {
+        "steps": len(rows),
+        "generator_valid_rate": [next((r[k] for k in VALID_KEYS if r.get(k) is not None), None) for r in rows],
+        "generator_reward": [r.get("generator/reward_mean", r.get("proposer/reward_mean",
+                                                                    r.get("questioner/reward_mean"))) for r in rows],
+        "solver_reward": [r.get("solver/reward_mean") for r in rows],
+        "solver_updates": sum(solver_moved), "solver_optimizer_steps": sum(solver_steps),
+        "first_solver_update_step": next((r["step"] for r, m in zip(rows, solver_moved) if m), None),
+        "phase_seconds": {k: round(v, 1) for k, v in sorted(phases.items())},
+        "wall_s": rows[-1].get("time_s"),
+        "format_help": [line.strip() for line in config.splitlines()
+                        if line.strip().startswith(("format_examples", "format_constraint", "generator_init"))],
+    }
+
+
+def _accuracy(folder: Path) -> float | None:
+    summary = _read(folder / "summary.json")
+    return summary["gsm8k"]["accuracy"] if summary and "gsm8k" in summary else None
+
+
+def write_report(runs: Path, out: Path) -> str:
+    """Write results.json and results.md; return the markdown."""
+    valid = {r: {o: _read(runs / "valid" / f"{r}-{o}.json") for o in OPTIONS} for r in RECIPES}
+    sft = {p.parent.name: _read(p) for p in sorted((runs / "sft").glob("*/summary.json"))}
+    base = _accuracy(runs / "eval" / "base")
+    short = {r: short_run(runs / "short" / r) for r in RECIPES}
+    after = {r: _accuracy(runs / "short" / r / "eval_after") for r in RECIPES}
+    results = {"valid": valid, "sft": sft, "eval_base_gsm8k100": base, "short": short, "eval_after_gsm8k100": after}
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+
+    lines = ["## Generator outputs the recipe's parser accepts (of 64 samples)", "",
+             "| recipe | " + " | ".join(OPTIONS) + " | tokens | temperature |", "|---" * (len(OPTIONS) + 3) + "|"]
+    for r in RECIPES:
+        cells = [f"{c['valid']}/{c['samples']}" if c else "-" for c in valid[r].values()]
+        some = next((c for c in valid[r].values() if c), None)
+        lines.append(f"| {r} | " + " | ".join(cells) + f" | {some['max_new_tokens'] if some else '-'} | "
+                     f"{some['temperature'] if some else '-'} |")
+    lines += ["", "## Format warm-ups (`coevolve sft`)", "", "| format | examples | steps | loss first -> last | s |",
+              "|---|---|---|---|---|"]
+    for name, s in sft.items():
+        if s:
+            lines.append(f"| {name} | {s['examples']} | {s['steps']} | {s['first_loss']:.3f} -> {s['final_loss']:.3f} "
+                         f"| {s['wall_s']:.0f} |")
+    lines += ["", "## Short runs with the best help", "",
+              f"GSM8K, 100-question subset, greedy, 160 new tokens; untrained smollm2-135m: {_fmt(base, 3)}", "",
+              "| recipe | help | steps | generator valid rate per step | generator reward per step | solver reward "
+              "per step | steps with a solver update | GSM8K-100 after | s per phase (total) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in RECIPES:
+        s = short[r]
+        if not s:
+            lines.append(f"| {r} | not run | | | | | | | |")
+            continue
+        series = [" ".join(_fmt(v) for v in s[k]) for k in ("generator_valid_rate", "generator_reward",
+                                                            "solver_reward")]
+        phases = ", ".join(f"{k} {v:.0f}" for k, v in s["phase_seconds"].items())
+        lines.append(f"| {r} | {'; '.join(s['format_help'])} | {s['steps']} | {series[0]} | {series[1]} | "
+                     f"{series[2]} | {s['solver_updates']} | {_fmt(after[r], 3)} | {phases} |")
+    markdown = "\n".join(lines) + "\n"
+    (out / "results.md").write_text(markdown)
+    return markdown
