@@ -163,10 +163,11 @@ def warmup_pairs(recipe: str, examples: list[WorkedExample], seed: int = 0) -> l
 
 
 class FormatWatch:
-    """Counts consecutive generator steps with no valid output; warns once after ``after`` of them."""
+    """Counts consecutive generator steps with no valid output; warns once after ``after`` of them (``chat``: the
+    chat format and the format help switches; otherwise the arithmetic world's writer format)."""
 
-    def __init__(self, recipe: str, after: int):
-        self.recipe, self.after, self.empty, self.warned = recipe, after, 0, False
+    def __init__(self, recipe: str, after: int, chat: bool = True):
+        self.recipe, self.after, self.chat, self.empty, self.warned = recipe, after, chat, 0, False
 
     def observe(self, step: int, valid: int, total: int) -> bool:
         """Record one step's ``valid`` of ``total`` generator outputs; True when this call logged the warning."""
@@ -176,10 +177,14 @@ class FormatWatch:
         if self.empty < self.after or self.warned:
             return False
         self.warned = True
-        fmt = FORMATS.get(self.recipe)
-        expected = fmt.description if fmt else "the task's question format"
+        if not self.chat:
+            log.warning("step %d: the %s generator wrote no valid output for %d consecutive steps (expected the "
+                        "arithmetic world's writer format, Q:<expression>), so nothing reaches the solver; is the "
+                        "model the pretrained tiny-arith?", step, self.recipe, self.empty)
+            return True
         log.warning("step %d: the %s generator wrote no valid output for %d consecutive steps (expected: %s), so "
                     "nothing reaches the solver; turn on format help: params.format_examples=N (worked examples in "
                     "the prompt), params.format_constraint=true (constrained decoding) or params.generator_init=DIR "
-                    "(a `coevolve sft %s` format warm-up)", step, self.recipe, self.empty, expected, self.recipe)
+                    "(a `coevolve sft %s` format warm-up)", step, self.recipe, self.empty,
+                    FORMATS[self.recipe].description, self.recipe)
         return True

@@ -98,3 +98,23 @@ def test_format_constraint_turns_on_tis_and_help_is_refused_on_arith():
         for preset in RECIPES[name].presets:
             _, params, _ = resolve(name, preset=preset)
             assert not (params.format_examples or params.format_constraint or params.generator_init), (name, preset)
+
+
+def test_format_watch_on_arith_names_the_writer_format(caplog):
+    watch = FormatWatch("r_zero", after=1, chat=False)
+    with caplog.at_level(logging.WARNING, logger="coevolve.format_help"):
+        assert watch.observe(1, 0, 4)
+    assert "Q:<expression>" in caplog.records[0].getMessage()
+
+
+def test_a_run_whose_generator_writes_nothing_valid_warns_once(random_model_dir, tmp_path, caplog):
+    from coevolve.loop import run
+    from coevolve.recipes import resolve
+
+    cfg, params, cls = resolve("dynamic_rl", sets=[f"model={random_model_dir}", "task=arith", "steps=3",
+                                                   "eval_sets=[]", "params.n=4", "params.m=2",
+                                                   "params.format_warn_after=2"])
+    with caplog.at_level(logging.WARNING, logger="coevolve.format_help"):
+        run(cls(cfg, params), cfg, tmp_path / "run", progress=False)
+    warnings = [r.getMessage() for r in caplog.records if "no valid output" in r.getMessage()]
+    assert len(warnings) == 1 and "2 consecutive steps" in warnings[0]

@@ -180,7 +180,7 @@ class Recipe:
         if helped and self.config.task == "arith":
             raise ConfigError("config key 'params.format_examples/format_constraint/generator_init': format help is "
                               "for chat tasks (math and its document variants); tiny-arith has its own formats")
-        self.format_watch = FormatWatch(self.name, params.format_warn_after)
+        self.format_watch = FormatWatch(self.name, params.format_warn_after, chat=self.config.task != "arith")
         self.format_examples = (load_worked_examples(params.format_examples, self.config.seed, self.config.data_dir)
                                 if params.format_examples else [])
 
