@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import yaml
@@ -36,6 +36,7 @@ class SFTConfig(Strict):
     seed: int = 0
     data_dir: str | None = None
     threads: int | None = Field(None, gt=0, description="torch CPU threads (default: torch's)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available")
 
 
 def resolve_sft(recipe: str, sets: dict[str, Any]) -> SFTConfig:
@@ -72,7 +73,8 @@ def run_sft(config: SFTConfig, out_dir: str | Path, progress: bool = True) -> di
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    policy = load_policy(hf_model_source(config.model))  # a plain HF folder, so save_pretrained works
+    device = "cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()) else "cpu"
+    policy = load_policy(hf_model_source(config.model), device=device)  # a plain HF folder: save_pretrained works
     tokenizer, model = policy.tokenizer, policy.model
     eos = policy.eos_token_ids[:1]
     examples = load_worked_examples(config.examples, config.seed, config.data_dir)
@@ -98,7 +100,7 @@ def run_sft(config: SFTConfig, out_dir: str | Path, progress: bool = True) -> di
                 picked.append(data[order[cursor]])
                 cursor += 1
             ids, mask, labels = _batch(picked, tokenizer.pad_token_id)
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device)).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

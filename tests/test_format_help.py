@@ -118,3 +118,16 @@ def test_a_run_whose_generator_writes_nothing_valid_warns_once(random_model_dir,
         run(cls(cfg, params), cfg, tmp_path / "run", progress=False)
     warnings = [r.getMessage() for r in caplog.records if "no valid output" in r.getMessage()]
     assert len(warnings) == 1 and "2 consecutive steps" in warnings[0]
+
+
+def test_sft_command_rejects_bad_input_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from coevolve.cli import app
+
+    for args, message in [(["sft", "grpo"], "recipe 'grpo' has no generator output format"),
+                          (["sft", "r_zero", "--set", "stepz=3"], "unknown config key 'stepz'"),
+                          (["sft", "r_zero", "--set", "lr=-1"], "config key 'lr'")]:
+        result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "x")])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1

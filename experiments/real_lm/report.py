@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-OPTIONS = ["none", "examples", "constraint", "sft"]
+OPTIONS = ["none", "examples", "constraint", "both", "sft"]
 RECIPES = ["r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl"]
 VALID_KEYS = ("questions/valid_rate", "opensir/valid_rate", "pool/valid_rate")
 
@@ -88,7 +88,7 @@ def write_report(runs: Path, out: Path) -> str:
             lines.append(f"| {name} | {s['examples']} | {s['steps']} | {s['first_loss']:.3f} -> {s['final_loss']:.3f} "
                          f"| {s['wall_s']:.0f} |")
     lines += ["", "## Short runs with the best help", "",
-              f"GSM8K, 100-question subset, greedy, 160 new tokens; untrained smollm2-135m: {_fmt(base, 3)}", "",
+              f"GSM8K, 100-question subset, greedy, 128 new tokens; untrained smollm2-135m: {_fmt(base, 3)}", "",
               "| recipe | help | steps | generator valid rate per step | generator reward per step | solver reward "
               "per step | steps with a solver update | GSM8K-100 after | s per phase (total) |",
               "|---|---|---|---|---|---|---|---|---|"]

@@ -15,16 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RUNS = HERE / "runs"
+RUNS = Path(os.environ.get("REAL_LM_RUNS", HERE / "runs"))
+STEPS = int(os.environ.get("REAL_LM_STEPS", "5"))  # short-run length
 RECIPES = ["r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl"]
 FORMAT_OF = {"prism": "r_zero"}  # prism's questioner prompt, format and parser are r_zero's: one warm-up serves both
-OPTIONS = ["none", "examples", "constraint", "sft"]
+OPTIONS = ["none", "examples", "constraint", "both", "sft"]  # both: examples and constraint
 SAMPLES = 64
 # Generator tokens in the valid-rate measurement: room for the longest output the format's regex allows (a 300-
 # character question; PasoDoble's also a 300-character solution, OpenSIR's a note and concepts).
@@ -41,8 +43,9 @@ GENERATOR_KEYS = {
     "opensir": ["rollout.max_new_tokens={b}"],
     "dynamic_rl": ["params.question_max_tokens={b}"],
 }
-OPTION_KEYS = {"none": [], "examples": ["params.format_examples=2"], "constraint": ["params.format_constraint=true"]}
-SFT_KEYS = ["examples=96", "steps=24", "batch_size=4", "lr=5e-5", "max_tokens=448", "threads=1"]
+OPTION_KEYS = {"none": [], "examples": ["params.format_examples=2"], "constraint": ["params.format_constraint=true"],
+               "both": ["params.format_examples=2", "params.format_constraint=true"]}
+SFT_KEYS = ["examples=64", "steps=16", "batch_size=4", "lr=5e-5", "max_tokens=448", "threads=1"]
 
 
 def sft_dir(recipe: str) -> Path:
@@ -74,7 +77,7 @@ def generator_batch(recipe, n: int, seed: int):
         return (recipe.generator, [recipe.generator_prompt(d) for d in docs], recipe.question_sampling,
                 lambda c, i: recipe.read_generation(c.text, docs[i])[0] is not None)
     if name == "opensir":
-        reference = recipe.pool.sample(__import__("random").Random(seed), 1)[0]  # step 1: the seed problem
+        reference = recipe.pool.sample(random.Random(seed), 1)[0]  # step 1: the seed problem
         return (recipe.teacher, [recipe.teacher_prompt(reference)] * n, recipe.teacher_sampling,
                 lambda c, i: recipe.read_problem(c.text).valid)
     return (recipe.policy, [recipe.z0] * n, recipe.question_sampling,
@@ -111,30 +114,32 @@ def valid_cell(recipe_name: str, option: str, out: Path, samples: int = SAMPLES,
 
 # Short runs: sizes small enough for minutes a step on 2 cores, with the solver reached within the 5 steps.
 SHORT = {
-    "r_zero": ["steps=5", "params.questioner_steps=2", "params.solver_steps=3", "params.questioner_prompts=4",
-               "params.questioner_group=4", "params.score_samples=4", "params.pool_size=16", "params.label_samples=4",
+    "r_zero": ["params.questioner_steps=2", "params.solver_steps=3", "params.questioner_prompts=2",
+               "params.questioner_group=4", "params.score_samples=4", "params.pool_size=8", "params.label_samples=4",
                "params.solver_questions=4", "params.solver_group=4", "params.band=[0.0,1.0]",
                "params.question_max_tokens=128", "rollout.max_new_tokens=128"],
-    "prism": ["steps=5", "params.questioner_steps=2", "params.solver_steps=3", "params.questioner_prompts=4",
-              "params.questioner_group=4", "params.score_samples=4", "params.pool_size=16", "params.label_samples=4",
+    "prism": ["params.questioner_steps=2", "params.solver_steps=3", "params.questioner_prompts=2",
+              "params.questioner_group=4", "params.score_samples=4", "params.pool_size=8", "params.label_samples=4",
               "params.solver_questions=4", "params.solver_group=4", "params.band=[0.0,1.0]", "params.k=16",
               "params.question_max_tokens=128", "rollout.max_new_tokens=128"],
-    "pasodoble": ["steps=5", "params.passages_per_step=2", "params.proposals=4", "params.solutions=6",
-                  "params.tau_low=0.0", "params.knowledge_pool_size=200", "params.proposer_max_tokens=224",
-                  "rollout.max_new_tokens=128"],
-    "infuser": ["steps=5", "params.documents_per_step=4", "params.group_size=4", "params.minibatch_prompts=4",
-                "params.dev_size=8", "params.document_pool_size=200", "params.document_min_tokens=100",
+    "pasodoble": ["params.passages_per_step=2", "params.proposals=4", "params.solutions=6", "params.tau_low=0.0",
+                  "params.knowledge_pool_size=200", "params.proposer_max_tokens=224", "rollout.max_new_tokens=128"],
+    "infuser": ["params.documents_per_step=2", "params.group_size=4", "params.minibatch_prompts=2",
+                "params.dev_size=4", "params.document_pool_size=200", "params.document_min_tokens=100",
                 "params.document_max_tokens=512", "params.generator_max_tokens=128", "rollout.max_new_tokens=128"],
-    "opensir": ["steps=5", "params.batch_size=32", "params.group_size=4", "params.teacher_upscale=1",
+    "opensir": ["params.batch_size=16", "params.group_size=4", "params.teacher_upscale=1",
                 "rollout.max_new_tokens=160", "params.l_base=160", "params.l_cap=160"],
-    "dynamic_rl": ["steps=5", "params.n=8", "params.m=4", "params.question_max_tokens=128",
-                   "rollout.max_new_tokens=128"],
+    "dynamic_rl": ["params.n=8", "params.m=4", "params.question_max_tokens=128", "rollout.max_new_tokens=128"],
 }
-EVAL = ["--sets", "gsm8k", "--limit", "100", "--max-new-tokens", "160"]
+# The help of a short run: the best valid rate, except where the loop needs more than a valid format (see README).
+SHORT_HELP: dict[str, str] = {}
+EVAL = ["--sets", "gsm8k", "--limit", "100", "--max-new-tokens", "128"]
 
 
 def best_option(recipe: str) -> str:
-    """The option with the highest measured valid rate (ties: constraint, examples, sft, none)."""
+    """The option with the highest measured valid rate (ties: constraint, both, examples, sft, none)."""
+    if recipe in SHORT_HELP:
+        return SHORT_HELP[recipe]
     rates = {}
     for option in OPTIONS:
         path = RUNS / "valid" / f"{recipe}-{option}.json"
@@ -142,7 +147,7 @@ def best_option(recipe: str) -> str:
             rates[option] = json.loads(path.read_text())["valid_rate"]
     if not rates:
         return "constraint"
-    order = ["constraint", "examples", "sft", "none"]
+    order = ["constraint", "both", "examples", "sft", "none"]
     return max(rates, key=lambda o: (rates[o], -order.index(o)))
 
 
@@ -172,7 +177,8 @@ def jobs_for(stage: str, recipes: list[str], options: list[str]) -> list[tuple[P
         for recipe in recipes:
             option = best_option(recipe)
             run_dir = RUNS / "short" / recipe
-            sets = " ".join(f"--set {k}" for k in COMMON + SHORT[recipe] + option_sets(recipe, option))
+            sets = " ".join(f"--set {k}" for k in COMMON + SHORT[recipe] + option_sets(recipe, option)
+                            + [f"steps={STEPS}"])
             command = (f"-m coevolve run {recipe} {sets} --quiet --out {run_dir} && OMP_NUM_THREADS=1 "
                        f"{sys.executable} -m coevolve eval {run_dir} {' '.join(EVAL)} --out {run_dir}/eval_after")
             jobs.append((run_dir / "eval_after" / "summary.json",
