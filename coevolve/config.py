@@ -114,7 +114,8 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def _constrained_samples_need_tis(self) -> "RunConfig":
         """Constrained decoding samples from a masked distribution q, not pi: TIS weights pi_old / q correct for it."""
-        if self.params.get("format_constraint") and self.train.tis_cap is None:
+        constrained = self.params.get("format_constraint") or self.params.get("solver_format_constraint")
+        if constrained and self.train.tis_cap is None:
             self.train.tis_cap = VLLM_DEFAULT_TIS_CAP
         return self
 

@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coevolve import distributed
 from coevolve.config import ConfigError, RunConfig
-from coevolve.format_help import FormatWatch, examples_block, load_worked_examples, output_format
+from coevolve.format_help import (FormatWatch, examples_block, load_worked_examples, output_format,
+                                  solver_answer_regex)
 from coevolve.models import Policy, load_policy
 from coevolve.rl.residency import Residency, ResidentEngine
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
@@ -45,6 +46,8 @@ class GeneratorParams(RecipeParams):
                                     "(xgrammar / vLLM structured outputs); turns on train.tis_cap")
     generator_init: str | None = Field(None, description="start the generator (one-policy recipes: the policy) from "
                                        "this `coevolve sft` output folder (its model/) or model folder")
+    solver_format_constraint: bool = Field(False, description="constrained decoding of the solver's training "
+                                           "rollouts to end in \\boxed{answer} (evaluation is never constrained)")
     format_warn_after: int = Field(3, gt=0, description="K: warn once after K consecutive generator steps with no "
                                    "valid output")
 
@@ -82,6 +85,7 @@ class Recipe:
         self.params = params
         self.sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                                        top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens)
+        self.solver_sampling = self.sampling
         self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
         self._residency = (Residency(distributed.device_for(config.device)) if config.train.offload_idle_role
@@ -176,11 +180,14 @@ class Recipe:
 
     # --- format help (coevolve.format_help) -----------------------------------------------------------
     def _init_format_help(self, params: GeneratorParams) -> None:
-        helped = params.format_examples or params.format_constraint or params.generator_init
+        helped = (params.format_examples or params.format_constraint or params.generator_init
+                  or params.solver_format_constraint)
         if helped and self.config.task == "arith":
             raise ConfigError("config key 'params.format_examples/format_constraint/generator_init': format help is "
                               "for chat tasks (math and its document variants); tiny-arith has its own formats")
         self.format_watch = FormatWatch(self.name, params.format_warn_after, chat=self.config.task != "arith")
+        if params.solver_format_constraint:  # the solver's rollouts: sample_groups without explicit params
+            self.solver_sampling = replace(self.sampling, regex=solver_answer_regex(self.sampling.max_new_tokens))
         self.format_examples = (load_worked_examples(params.format_examples, self.config.seed, self.config.data_dir)
                                 if params.format_examples else [])
 
@@ -214,9 +221,10 @@ class Recipe:
 
     def sample_groups(self, policy: Policy, prompts: Sequence[str], group_size: int, seed: int,
                       params: SamplingParams | None = None) -> list[list[Completion]]:
-        """``group_size`` completions for each prompt, returned as one list per prompt."""
+        """``group_size`` completions for each prompt, returned as one list per prompt (``params`` unset: the
+        solver's rollout sampling, ``rollout.*`` and, with ``params.solver_format_constraint``, the answer format)."""
         flat = self.engine(policy).generate([p for p in prompts for _ in range(group_size)],
-                                            params or self.sampling, seed)
+                                            params or self.solver_sampling, seed)
         return [flat[i * group_size:(i + 1) * group_size] for i in range(len(prompts))]
 
 

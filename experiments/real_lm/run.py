@@ -117,7 +117,7 @@ SHORT = {
     "r_zero": ["params.questioner_steps=2", "params.solver_steps=3", "params.questioner_prompts=2",
                "params.questioner_group=4", "params.score_samples=4", "params.pool_size=8", "params.label_samples=4",
                "params.solver_questions=4", "params.solver_group=4", "params.band=[0.0,1.0]",
-               "params.question_max_tokens=128", "rollout.max_new_tokens=128"],
+               "params.question_max_tokens=128", "rollout.max_new_tokens=64"],
     "prism": ["params.questioner_steps=2", "params.solver_steps=3", "params.questioner_prompts=2",
               "params.questioner_group=4", "params.score_samples=4", "params.pool_size=8", "params.label_samples=4",
               "params.solver_questions=4", "params.solver_group=4", "params.band=[0.0,1.0]", "params.k=16",
@@ -129,10 +129,12 @@ SHORT = {
                 "params.document_max_tokens=512", "params.generator_max_tokens=128", "rollout.max_new_tokens=128"],
     "opensir": ["params.batch_size=16", "params.group_size=4", "params.teacher_upscale=1",
                 "rollout.max_new_tokens=160", "params.l_base=160", "params.l_cap=160"],
-    "dynamic_rl": ["params.n=8", "params.m=4", "params.question_max_tokens=128", "rollout.max_new_tokens=128"],
+    "dynamic_rl": ["params.n=8", "params.m=4", "params.question_max_tokens=128", "rollout.max_new_tokens=64"],
 }
-# The help of a short run: the best valid rate, except where the loop needs more than a valid format (see README).
-SHORT_HELP: dict[str, str] = {}
+# The help of a short run: the best valid rate, except where the loop needs more than a valid format (see README);
+# the solver's answer format is constrained too (a 135M solver rarely boxes its answer, so there is no label).
+SHORT_HELP: dict[str, str] = {"pasodoble": "both", "infuser": "both"}
+SOLVER_HELP = ["params.solver_format_constraint=true"]
 EVAL = ["--sets", "gsm8k", "--limit", "100", "--max-new-tokens", "128"]
 
 
@@ -177,7 +179,7 @@ def jobs_for(stage: str, recipes: list[str], options: list[str]) -> list[tuple[P
         for recipe in recipes:
             option = best_option(recipe)
             run_dir = RUNS / "short" / recipe
-            sets = " ".join(f"--set {k}" for k in COMMON + SHORT[recipe] + option_sets(recipe, option)
+            sets = " ".join(f"--set {k}" for k in COMMON + SHORT[recipe] + option_sets(recipe, option) + SOLVER_HELP
                             + [f"steps={STEPS}"])
             command = (f"-m coevolve run {recipe} {sets} --quiet --out {run_dir} && OMP_NUM_THREADS=1 "
                        f"{sys.executable} -m coevolve eval {run_dir} {' '.join(EVAL)} --out {run_dir}/eval_after")
