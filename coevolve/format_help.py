@@ -40,7 +40,7 @@ class WorkedExample:
 
 def load_worked_examples(count: int, seed: int = 0, data_dir: str | None = None) -> list[WorkedExample]:
     """``count`` GSM8K-train problems (a seeded sample) with solutions and answers, for examples and warm-up data;
-    only problems whose question and solution fit the formats' length bounds (``MAX_CHARS``)."""
+    only problems whose question and solution fit the formats' length bounds (``MAX_CHARS``, ``MAX_SOLUTION_CHARS``)."""
     from coevolve.evaluation.benchmarks import _raw_rows, get_benchmark
 
     bench = get_benchmark("gsm8k_train")
@@ -52,7 +52,7 @@ def load_worked_examples(count: int, seed: int = 0, data_dir: str | None = None)
         worked, _, final = rows[i]["answer"].rpartition("####")
         example = WorkedExample(rows[i]["question"].strip(), _CALC.sub("", worked).strip(),
                                 final.strip().replace(",", ""))
-        if len(one_line(example.question)) <= MAX_CHARS and len(one_line(example.solution)) <= MAX_CHARS:
+        if len(one_line(example.question)) <= MAX_CHARS and len(one_line(example.solution)) <= MAX_SOLUTION_CHARS:
             examples.append(example)
             if len(examples) == count:
                 break
@@ -77,7 +77,8 @@ class OutputFormat:
 
 # Regexes for constrained decoding. The question is one line of at most 300 characters: a newline token can then
 # only close it, and a small model cannot ramble past its token budget inside an open tag.
-MAX_CHARS = 300  # longest question (and PasoDoble solution) a format allows: about 75 tokens
+MAX_CHARS = 300  # longest question a format allows: about 75 tokens
+MAX_SOLUTION_CHARS = 200  # longest PasoDoble solution: with the question, about 200 tokens (digits are one token each)
 _ANSWER = r"[^{}<>\n]{1,40}"
 _LINE = r"[^<>\n]{10,300}"
 _R_ZERO = OutputFormat(
@@ -89,7 +90,8 @@ FORMATS: dict[str, OutputFormat] = {
     "prism": _R_ZERO,
     "pasodoble": OutputFormat(
         "<problem>{the problem}</problem> <answer>{worked solution} \\boxed{final answer}</answer>",
-        r"<problem>" + _LINE + r"</problem> <answer>[^<>{}\n]{0,300}\\boxed\{" + _ANSWER + r"\}</answer>",
+        r"<problem>" + _LINE + r"</problem> <answer>[^<>{}\n]{0,%d}\\boxed\{" % MAX_SOLUTION_CHARS + _ANSWER
+        + r"\}</answer>",
         lambda e: (f"<problem>{one_line(e.question)}</problem> <answer>{one_line(e.solution)} "
                    f"\\boxed{{{e.answer}}}</answer>")),
     "infuser": OutputFormat(
@@ -113,11 +115,13 @@ FORMATS: dict[str, OutputFormat] = {
 # The solver's answer format (every recipe's chat solver prompt asks for it): reasoning without backslashes, then
 # \boxed{answer}. A small model rarely boxes its answer (smollm2-135m: 3 of 60 solver samples), so majority votes and
 # agreement with a generator's answer have nothing to compare; with ``params.solver_format_constraint`` the solver's
-# training rollouts end in a box (LaTeX commands in the reasoning are then not possible).
+# training rollouts end in a boxed number (LaTeX commands in the reasoning are then not possible).
 def solver_answer_regex(max_tokens: int) -> str:
-    """Reasoning without backslashes, then \\boxed{answer}; the box is forced after 3 characters per token of the
-    budget, so that it fits in ``max_tokens`` (English text averages about 4 characters a token)."""
-    return r"[^\\]{0,%d}\\boxed\{[^{}\\\n]{1,30}\}" % max(3 * max_tokens - 40, 0)
+    """Reasoning without backslashes, then \\boxed{a number}; the box is forced after 3 characters per token of the
+    budget, so that it fits in ``max_tokens`` (English text averages about 4 characters a token). The answer is a
+    number (GSM8K's are; MATH's LaTeX answers are not possible): with free text in the box, a 135M solver's answers
+    never agreed with each other or with a generator's answer."""
+    return r"[^\\]{0,%d}\\boxed\{-?[0-9]{1,7}(\.[0-9]{1,4})?\}" % max(3 * max_tokens - 40, 0)
 
 
 def one_line(text: str) -> str:
