@@ -55,7 +55,8 @@ def short_run(run_dir: Path) -> dict[str, Any] | None:
         "phase_seconds": {k: round(v, 1) for k, v in sorted(phases.items())},
         "wall_s": rows[-1].get("time_s"),
         "format_help": [line.strip() for line in config.splitlines()
-                        if line.strip().startswith(("format_examples", "format_constraint", "generator_init"))],
+                        if line.strip().startswith(("format_examples", "format_constraint", "generator_init",
+                                                             "solver_format_constraint"))],
     }
 
 
@@ -70,8 +71,10 @@ def write_report(runs: Path, out: Path) -> str:
     sft = {p.parent.name: _read(p) for p in sorted((runs / "sft").glob("*/summary.json"))}
     base = _accuracy(runs / "eval" / "base")
     short = {r: short_run(runs / "short" / r) for r in RECIPES}
+    loop = {r: short_run(runs / "loop" / r) for r in RECIPES}
     after = {r: _accuracy(runs / "short" / r / "eval_after") for r in RECIPES}
-    results = {"valid": valid, "sft": sft, "eval_base_gsm8k100": base, "short": short, "eval_after_gsm8k100": after}
+    results = {"valid": valid, "sft": sft, "eval_base_gsm8k100": base, "short": short, "eval_after_gsm8k100": after,
+               "loop_tests": loop}
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
 
     lines = ["## Generator outputs the recipe's parser accepts (of 64 samples)", "",
@@ -102,6 +105,18 @@ def write_report(runs: Path, out: Path) -> str:
         phases = ", ".join(f"{k} {v:.0f}" for k, v in s["phase_seconds"].items())
         lines.append(f"| {r} | {'; '.join(s['format_help'])} | {s['steps']} | {series[0]} | {series[1]} | "
                      f"{series[2]} | {s['solver_updates']} | {_fmt(after[r], 3)} | {phases} |")
+    lines += ["", "## Two-step runs of tests/test_real_lm_loop.py (copied to runs/loop/)", "",
+              "| recipe | help | steps | generator valid rate per step | generator reward per step | solver reward "
+              "per step | steps with a solver update (non-zero advantage) | s per phase (total) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in RECIPES:
+        s = loop[r]
+        if s:
+            series = [" ".join(_fmt(v) for v in s[k]) for k in ("generator_valid_rate", "generator_reward",
+                                                                "solver_reward")]
+            phases = ", ".join(f"{k} {v:.0f}" for k, v in s["phase_seconds"].items())
+            lines.append(f"| {r} | {'; '.join(s['format_help'])} | {s['steps']} | {series[0]} | {series[1]} | "
+                         f"{series[2]} | {s['solver_updates']} | {phases} |")
     markdown = "\n".join(lines) + "\n"
     (out / "results.md").write_text(markdown)
     return markdown
