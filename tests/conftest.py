@@ -30,24 +30,28 @@ def random_policy():
     return Policy(name="random", model=model, tokenizer=tokenizer, prompt_style="compact")
 
 
-@pytest.fixture(scope="session")
-def random_model_dir(tmp_path_factory):
-    """A random tiny Llama saved like a tiny-arith build (so it is read in the compact format)."""
+def save_random_llama(folder, *, hidden: int, **config):
+    """A random 2-layer Llama with the tiny-arith tokenizer, saved like a tiny-arith build (read in the compact
+    format)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from coevolve.models.tiny_arith import build_tokenizer
 
-    folder = tmp_path_factory.mktemp("random-tiny")
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **config)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     (folder / "build_info.json").write_text('{"note": "random weights for tests"}\n')
     return folder
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory):
+    """A random tiny Llama (head size 16) saved like a tiny-arith build."""
+    return save_random_llama(tmp_path_factory.mktemp("random-tiny"), hidden=32)
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +61,9 @@ def small_tiny_arith(tmp_path_factory):
 
     cache = tmp_path_factory.mktemp("models")
     return cache, ensure_tiny_arith(cache, TinyArithBuild.for_tests(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory):
+    """A random tiny Llama with head size 32 (vLLM's CPU attention needs >= 32) and tied embeddings."""
+    return save_random_llama(tmp_path_factory.mktemp("vllm-tiny"), hidden=64, tie_word_embeddings=True)

