@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,36 +73,23 @@ def smollm2_hf_folder(cache_dir: Path | None = None) -> Path:
     folder holds a model built from the GGUF's config with that state dict (transformers refuses to save a
     GGUF-loaded model directly). Built under a file lock in a temporary folder and renamed into place.
     """
-    from filelock import FileLock
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from coevolve.models.tiny_arith import default_cache_dir
+    from coevolve.models.tiny_arith import build_cached_folder, default_cache_dir
+
+    def convert(folder: Path) -> None:
+        source = str(_smollm2_dir())
+        _quiet_hub()
+        gguf_model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        config = AutoConfig.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(gguf_model.state_dict())
+        plain.generation_config = gguf_model.generation_config
+        plain.save_pretrained(folder)
+        AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF).save_pretrained(folder)
 
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / "smollm2-135m-instruct-hf"
-    if (target / "config.json").is_file():
-        return target
-    source = _smollm2_dir()
-    _quiet_hub()
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if (target / "config.json").is_file():
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=root))
-        try:
-            gguf_model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-            config = AutoConfig.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
-            plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-            plain.load_state_dict(gguf_model.state_dict())
-            plain.generation_config = gguf_model.generation_config
-            plain.save_pretrained(tmp)
-            AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF).save_pretrained(tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_cached_folder(root / "smollm2-135m-instruct-hf", "config.json", convert)
 
 
 def hf_model_source(name_or_path: str) -> str:

@@ -31,7 +31,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -277,9 +277,29 @@ def ensure_tiny_arith(cache_dir: Path | None = None, build: TinyArithBuild | Non
     """
     build = build or TinyArithBuild.default()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / f"tiny-arith-{build.fingerprint()}"
-    if (target / "build_info.json").is_file():
+    return build_cached_folder(root / f"tiny-arith-{build.fingerprint()}", "build_info.json",
+                               lambda folder: _build_into(folder, build, progress))
+
+
+def build_cached_folder(target: Path, marker: str, build: Callable[[Path], None]) -> Path:
+    """``target``, built by ``build(folder)`` on first use: in a temporary folder beside it, under a file lock, then
+    renamed into place, so concurrent callers wait for one build and never see a partial folder. The file ``marker``
+    inside ``target`` says the build is complete."""
+    if (target / marker).is_file():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / marker).is_file():
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=target.parent))
+        try:
+            build(tmp)
+            if target.exists():  # a partial folder left by something other than this function
+                shutil.rmtree(target)
+            tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if (target / "build_info.json").is_file():
