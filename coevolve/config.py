@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
-VLLM_DEFAULT_TIS_CAP = 2.0  # rho_max of TIS when vLLM samples (INFUSER's 2.0; verl's recommended value)
+DEFAULT_TIS_CAP = 2.0  # rho_max of TIS when rollouts are not sampled from pi itself (INFUSER's 2.0; verl's value)
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(nan|inf)", re.IGNORECASE)
 
 
@@ -105,18 +105,13 @@ class RunConfig(Strict):
     params: dict[str, Any] = {}
 
     @model_validator(mode="after")
-    def _sampler_mismatch_needs_tis(self) -> "RunConfig":
-        """vLLM's log-probs are not the trainer's: correct for the mismatch with TIS unless a cap is set."""
-        if self.rollout.engine == "vllm" and self.train.tis_cap is None:
-            self.train.tis_cap = VLLM_DEFAULT_TIS_CAP
-        return self
-
-    @model_validator(mode="after")
-    def _constrained_samples_need_tis(self) -> "RunConfig":
-        """Constrained decoding samples from a masked distribution q, not pi: TIS weights pi_old / q correct for it."""
+    def _behaviour_policy_mismatch_needs_tis(self) -> "RunConfig":
+        """Rollouts not sampled from the trainer's pi need TIS (2.0 unless a cap is set): vLLM's log-probs are not the
+        trainer's, and constrained decoding samples from a masked distribution q; the weights min(pi_old / q, cap)
+        correct for both."""
         constrained = self.params.get("format_constraint") or self.params.get("solver_format_constraint")
-        if constrained and self.train.tis_cap is None:
-            self.train.tis_cap = VLLM_DEFAULT_TIS_CAP
+        if (self.rollout.engine == "vllm" or constrained) and self.train.tis_cap is None:
+            self.train.tis_cap = DEFAULT_TIS_CAP
         return self
 
 
@@ -197,9 +192,11 @@ def check_runtime(config: RunConfig, processes: int = 1) -> None:
     """Settings this machine or launch cannot honour; ``ConfigError`` names the key (checked before anything runs)."""
     import torch
 
+    from coevolve.distributed import device_for
+
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("config key 'device': cuda requested but no CUDA device is available")
-    on_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+    on_cuda = device_for(config.device).type == "cuda"
     if config.train.dtype == "bf16" and on_cuda and not torch.cuda.is_bf16_supported():
         raise ConfigError("config key 'train.dtype': bf16 is not supported by this GPU; use fp32")
     if processes > 1 and config.rollout.engine == "vllm":
