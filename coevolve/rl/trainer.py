@@ -224,10 +224,12 @@ class PolicyTrainer:
             part = samples[start:min(start + self.settings.micro_batch_size, last)]
             with self._autocast():
                 lp, _ = sequence_logprobs(model, part, self.pad_id, self.settings.temperature)
-            chunks.append(torch.nn.functional.pad(lp, (width - lp.shape[1], 0)).cpu())
+            chunks.append(torch.nn.functional.pad(lp, (width - lp.shape[1], 0)))
         model.train(was_training)
-        mine = torch.cat(chunks) if chunks else torch.zeros(0, width)
-        return torch.cat(distributed.all_gather_objects(mine)).to(self.device)
+        mine = torch.cat(chunks) if chunks else torch.zeros(0, width, device=self.device)
+        if distributed.world_size() == 1:
+            return mine
+        return torch.cat(distributed.all_gather_objects(mine.cpu())).to(self.device)  # objects travel via the host
 
     @property
     def device(self) -> torch.device:
