@@ -67,3 +67,22 @@ def test_write_results_tables_and_extra_report(tmp_path):
     assert "iteration 1/gini" not in markdown  # the extra report replaces the generic table
     assert json.loads((tmp_path / "results.json").read_text())["arms"][0]["extra"] == result.extra
     assert (tmp_path / "accuracy.png").stat().st_size > 0
+
+
+def test_dynamic_rl_collapse_trajectory_per_window(tmp_path):
+    from experiments.dynamic_rl.run import WINDOW, collapse_trajectory
+
+    def generator(step: int, question: str, label: str | None) -> dict:
+        return {"step": step, "role": "generator", "question": question, "label": label}
+
+    _write_samples(tmp_path, 1, [generator(1, "1+1", "2"), generator(1, "2+2", "4"), generator(1, "3+3", "6"),
+                                 generator(1, "4+4", None)])
+    # the second window: a collapsed batch, three of four the same question, every label the same
+    _write_samples(tmp_path, WINDOW + 1, [generator(WINDOW + 1, "1+1", "2")] * 3 + [generator(WINDOW + 1, "0+2", "2")])
+    measured = collapse_trajectory(tmp_path)
+    assert measured[f"distinct_questions@{WINDOW}"] == pytest.approx(1.0)
+    assert measured[f"top_question@{WINDOW}"] == pytest.approx(0.25)
+    assert measured[f"top_answer@{WINDOW}"] == pytest.approx(0.25)
+    assert measured[f"distinct_questions@{2 * WINDOW}"] == pytest.approx(0.5)
+    assert measured[f"top_question@{2 * WINDOW}"] == pytest.approx(0.75)
+    assert measured[f"top_answer@{2 * WINDOW}"] == pytest.approx(1.0)
