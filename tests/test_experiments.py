@@ -73,7 +73,8 @@ def test_dynamic_rl_collapse_trajectory_per_window(tmp_path):
     from experiments.dynamic_rl.run import WINDOW, collapse_trajectory
 
     def generator(step: int, question: str, label: str | None) -> dict:
-        return {"step": step, "role": "generator", "question": question, "label": label}
+        return {"step": step, "role": "generator", "question": question, "label": label, "valid": True,
+                "oracle": {"level": 1}}
 
     _write_samples(tmp_path, 1, [generator(1, "1+1", "2"), generator(1, "2+2", "4"), generator(1, "3+3", "6"),
                                  generator(1, "4+4", None)])
@@ -86,3 +87,6 @@ def test_dynamic_rl_collapse_trajectory_per_window(tmp_path):
     assert measured[f"distinct_questions@{2 * WINDOW}"] == pytest.approx(0.5)
     assert measured[f"top_question@{2 * WINDOW}"] == pytest.approx(0.75)
     assert measured[f"top_answer@{2 * WINDOW}"] == pytest.approx(1.0)
+    assert measured[f"question_chars@{2 * WINDOW}"] == pytest.approx(3.0)
+    assert measured[f"question_level@{WINDOW}"] == pytest.approx(1.0)
+    assert f"solver_tokens@{WINDOW}" not in measured  # no solver rows: no value rather than a zero

@@ -27,27 +27,35 @@ ARMS = (
         note="900 steps without R_dq"),
 )
 TRAJECTORY = {"distinct_questions": "distinct questions", "top_question": "largest identical-question share",
-              "top_answer": "largest same-answer share"}
+              "top_answer": "largest same-answer share"}  # shares, plotted
+DRIFT = {"question_chars": "question length (characters)", "question_level": "level (arithmetic oracle)",
+         "solver_tokens": "solver tokens per answer"}  # where the questions and answers drift, in the table only
 
 
 def collapse_trajectory(run_dir: Path) -> dict[str, float]:
     """Per step, then averaged over windows of ``WINDOW`` steps: the share of distinct questions in a batch, the
     share taken by its most frequent question (the paper's collapse: 30 of 32 equivalent; ours counts exact
-    duplicates only) and by its most frequent majority answer (the paper's answer collapse to one value)."""
+    duplicates only) and by its most frequent majority answer (the paper's answer collapse to one value); with the
+    mean length and oracle level of the valid questions and the mean length of the solver's answers."""
     per_window: dict[int, dict[str, list[float]]] = {}
     for path in sorted((run_dir / "samples").glob("step_*.jsonl")):
-        rows = [r for r in read_jsonl(path) if r.get("role") == "generator"]
+        step_rows = read_jsonl(path)
+        rows = [r for r in step_rows if r.get("role") == "generator"]
         if not rows:
             continue
         end = ((rows[0]["step"] - 1) // WINDOW + 1) * WINDOW
         questions = Counter(r.get("question") for r in rows)
         answers = Counter(r.get("label") for r in rows if r.get("label") is not None)
-        window = per_window.setdefault(end, {key: [] for key in TRAJECTORY})
+        window = per_window.setdefault(end, {key: [] for key in (*TRAJECTORY, *DRIFT)})
         window["distinct_questions"].append(len(questions) / len(rows))
         window["top_question"].append(max(questions.values()) / len(rows))
         window["top_answer"].append(max(answers.values(), default=0) / len(rows))
+        valid = [r for r in rows if r.get("valid")]
+        window["question_chars"] += [len(r["question"]) for r in valid]
+        window["question_level"] += [r["oracle"]["level"] for r in valid if (r.get("oracle") or {}).get("level")]
+        window["solver_tokens"] += [r["tokens"] for r in step_rows if r.get("role") == "solver"]
     return {f"{key}@{end}": statistics.fmean(values) for end, window in per_window.items()
-            for key, values in window.items()}
+            for key, values in window.items() if values}
 
 
 def measure(run_dir: Path) -> dict[str, float]:
@@ -64,11 +72,12 @@ def report(results: Sequence[ArmResult], here: Path, seeds: Sequence[int]) -> li
     if long_runs:
         lines += ["", f"Collapse trajectory (generator batches, mean per window of {WINDOW} steps; mean ± sd over "
                       "the seeds that ran):", "",
-                  "| arm | steps | " + " | ".join(TRAJECTORY.values()) + " |", "|---|---|" + "---|" * len(TRAJECTORY)]
+                  "| arm | steps | " + " | ".join([*TRAJECTORY.values(), *DRIFT.values()]) + " |",
+                  "|---|---|" + "---|" * (len(TRAJECTORY) + len(DRIFT))]
         for r in long_runs:
             ends = sorted({int(k.split("@")[1]) for k in r.extra if "@" in k})
             lines += [f"| {r.arm.name} | {end - WINDOW + 1}-{end} | "
-                      + " | ".join(mean_sd(r.extra.get(f"{key}@{end}", [])) for key in TRAJECTORY) + " |"
+                      + " | ".join(mean_sd(r.extra.get(f"{key}@{end}", [])) for key in (*TRAJECTORY, *DRIFT)) + " |"
                       for end in ends]
         _plot_trajectory(long_runs, here / "collapse.png")
     return lines
