@@ -83,7 +83,8 @@ def run(
     try:
         distributed.init_from_env(distributed.device_for(cfg.device))
         instance = cls(cfg, params)
-        typer.echo(f"run directory: {out_dir}", err=True)
+        if distributed.is_main():
+            typer.echo(f"run directory: {out_dir}", err=True)
         summary = run_loop(instance, cfg, out_dir, resume=resume is not None, progress=not quiet)
     except ConfigError as exc:
         _fail(str(exc), 2)

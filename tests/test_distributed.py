@@ -75,6 +75,21 @@ def test_two_processes_train_the_same_weights_as_one(one_process_run, small_tiny
 
 
 @pytest.mark.slow
+def test_accelerate_launch_trains_the_same_weights_as_one_process(one_process_run, small_tiny_arith, tmp_path):
+    out = tmp_path / "accelerate"
+    # `--multi_gpu` is accelerate's name for its torchrun-style launcher; on a CPU machine it starts CPU ranks (gloo).
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "coevolve",
+               *SINGLE, "--set", f"model={small_tiny_arith[1]}", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("run directory:") == 1  # rank 0 alone speaks
+    assert samples(out) == samples(one_process_run)
+    assert max_weight_gap(one_process_run, out) < 1e-5
+
+
+@pytest.mark.slow
 def test_two_role_recipe_on_two_processes_matches_one(small_tiny_arith, tmp_path):
     args = ["run", "r_zero", "--quiet", "--set", f"model={small_tiny_arith[1]}", "--set", "steps=4",
             "--set", "eval_sets=[]", "--set", "params.questioner_steps=2", "--set", "params.solver_steps=2",
