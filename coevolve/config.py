@@ -79,6 +79,9 @@ class TrainConfig(Strict):
                                                 "(unset: on with CUDA, off on CPU)")
     offload_idle_role: bool = Field(False, description="keep only the role that samples or trains on the GPU; the "
                                     "other roles' weights and AdamW state wait in host memory (no effect on CPU)")
+    fsdp: bool = Field(False, description="shard each role's weights, gradients and AdamW state over the processes "
+                       "(torch FSDP2), for a model whose training state does not fit one device; needs several "
+                       "processes")
 
 
 class RunConfig(Strict):
@@ -201,6 +204,16 @@ def check_runtime(config: RunConfig, processes: int = 1) -> None:
         raise ConfigError("config key 'train.dtype': bf16 is not supported by this GPU; use fp32")
     if processes > 1 and config.rollout.engine == "vllm":
         raise ConfigError("config key 'rollout.engine': vllm runs in one process for now; use hf with --processes")
+    if config.train.fsdp:
+        if processes < 2:
+            raise ConfigError("config key 'train.fsdp': sharding needs several processes (--processes N, torchrun "
+                              "or accelerate launch)")
+        for on, why in ((config.train.lora is not None, "train.lora"),
+                        (config.train.offload_idle_role, "train.offload_idle_role"),
+                        (config.rollout.engine == "vllm", "rollout.engine=vllm"),
+                        (config.recipe == "infuser", "infuser's per-question influence gradients")):
+            if on:
+                raise ConfigError(f"config key 'train.fsdp': not supported together with {why}")
 
 
 def to_yaml(config: RunConfig) -> str:

@@ -6,13 +6,22 @@ gather the completions (``DataParallelEngine``), so votes, pools, coverage count
 group statistic are computed on the same global batch everywhere; the trainer splits each mini-batch across ranks
 and sums the gradients (``all_reduce_gradients``), so every rank takes the same optimizer step and the weights
 stay equal. Rank 0 alone writes the run directory. With one process every function here is a no-op.
+
+With ``train.fsdp`` each role's weights, gradients and AdamW state are instead sharded over the ranks (torch's
+FSDP2, ``shard_model``): a decoder layer's weights are gathered for its forward and backward, and the gradients are
+reduce-scattered (summed) into each rank's shard. Everything that runs a rank-dependent number of forward passes
+(sampling a rank's share, log-probs of a rank's share, evaluation) runs inside ``full_weights``, which gathers the
+whole model once and keeps it until the block ends; the trainer gives every rank the same number of micro-batches;
+checkpoints gather the full weights and optimizer state (``full_model_state``, ``full_optimizer_state``), so their
+files are the one-process files and a run resumes on any number of processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
-from typing import Any, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -88,6 +97,11 @@ def all_reduce_gradients(parameters: Sequence[torch.nn.Parameter]) -> None:
         dist.all_reduce(p.grad)
 
 
+def largest_share(n: int) -> int:
+    """The number of items of the rank with the most in :func:`shard_bounds` (``unit`` 1)."""
+    return -(-n // world_size())
+
+
 def shard_bounds(n: int, *, unit: int = 1) -> tuple[int, int]:
     """[start, end) of this rank's contiguous share of ``n`` items, in whole units of ``unit`` items."""
     units = -(-n // unit)
@@ -115,6 +129,124 @@ class DataParallelEngine:
         local = (self.inner.generate(prompts[start:end], params, seed + start * PROMPT_SEED_STRIDE)
                  if end > start else [])
         return [c for part in all_gather_objects(local) for c in part]
+
+    def pop_metrics(self) -> dict[str, float]:
+        return self.inner.pop_metrics()
+
+
+# --- FSDP (train.fsdp) ---------------------------------------------------------------------------------------------
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Shard ``model`` over the ranks in place (FSDP2): one unit per decoder layer (the classes the model names in
+    ``_no_split_modules``) and the rest (embeddings, final norm, head) in the root unit. Gradients are summed over
+    ranks, not averaged: the trainer normalises each loss by the whole mini-batch."""
+    from torch.distributed.fsdp import fully_shard
+
+    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+    for module in list(model.modules()):
+        if module is not model and type(module).__name__ in layer_classes:
+            fully_shard(module)
+    fully_shard(model)
+    for unit in fsdp_units(model):
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-multiplied sum
+    return model
+
+
+def fsdp_units(model: torch.nn.Module) -> list[Any]:
+    """The FSDP units of ``model`` (empty when it is not sharded)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return bool(fsdp_units(model))
+
+
+@contextlib.contextmanager
+def full_weights(model: torch.nn.Module) -> Iterator[None]:
+    """Inside the block every rank holds ``model``'s whole weights, so ranks may run different numbers of forward
+    passes (sampling their own share); a no-op for a model that is not sharded. Every rank must enter it."""
+    units = fsdp_units(model)
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True, recurse=False)
+
+
+def _canonical_names(model: torch.nn.Module) -> dict[str, str]:
+    """Each state-dict name mapped to the name saved for it: tied weights (one tensor under several names) are saved
+    once, under the first name in sorted order (as ``safetensors.torch.save_model`` does)."""
+    by_tensor: dict[int, list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        by_tensor.setdefault(id(tensor), []).append(name)
+    return {name: min(names) for names in by_tensor.values() for name in names}
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole weights of a sharded model, on the host, tied weights once (every rank must call it; rank 0
+    gets the tensors, the others an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    canonical = _canonical_names(model)
+    return {name: tensor.contiguous() for name, tensor in state.items() if canonical.get(name, name) == name}
+
+
+def load_full_model_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Write whole weights (as :func:`full_model_state` returns them) into a sharded model's shards (every rank)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full = {name: state[saved] for name, saved in _canonical_names(model).items()}
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
+
+
+def _trained_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The parameter name of each optimizer index (the optimizer holds ``model``'s trainable parameters in order)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """A sharded model's AdamW state gathered whole, in ``optimizer.state_dict()``'s one-process layout (indices, not
+    names); every rank must call it, rank 0 gets the tensors."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(model, optimizer,
+                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    local = optimizer.state_dict()
+    index = {name: i for i, name in enumerate(_trained_names(model, optimizer))}
+    return {"state": {index[name]: slots for name, slots in state.get("state", {}).items()},
+            "param_groups": local["param_groups"]}
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                              state: Mapping[str, Any]) -> None:
+    """Load a one-process ``optimizer.state_dict()`` into a sharded model's optimizer (every rank)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = _trained_names(model, optimizer)
+    groups = [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]]
+    full = {"state": {names[int(i)]: slots for i, slots in state["state"].items()}, "param_groups": groups}
+    set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
+
+
+class FullWeightsEngine:
+    """A sampler of a sharded policy: the whole weights are gathered on every rank for each ``generate``."""
+
+    def __init__(self, inner: RolloutEngine, model: torch.nn.Module):
+        self.inner = inner
+        self.model = model
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
+        with full_weights(self.model):
+            return self.inner.generate(prompts, params, seed)
 
     def pop_metrics(self) -> dict[str, float]:
         return self.inner.pop_metrics()

@@ -115,7 +115,7 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
             if main:
                 bar.write(f"step {step}: " + "  ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in eval_row.items()
                                                        if k.startswith("eval/")))
-        if main and (step % config.checkpoint_every == 0 or step == config.steps):
+        if step % config.checkpoint_every == 0 or step == config.steps:  # every rank: sharded state is gathered
             store.save_checkpoint(step, models, optimizers, {
                 "time_s": now(), "loop_recipe": recipe.state_dict(),
                 "updates_done": {role: t.updates_done for role, t in trainers.items()},

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from coevolve import distributed
 from coevolve.jsonio import atomic_write_text, dumps, read_jsonl
 
 STEP_DIR = "step_{:06d}"
@@ -76,16 +77,28 @@ class RunStore:
 
     def save_checkpoint(self, step: int, models: Mapping[str, torch.nn.Module],
                         optimizers: Mapping[str, torch.optim.Optimizer], state: Mapping[str, Any],
-                        keep: int = 2) -> Path:
-        """Save weights, optimizer and RNG state and the recipe's state; rename into place when complete."""
+                        keep: int = 2) -> Path | None:
+        """Save weights, optimizer and RNG state and the recipe's state; rename into place when complete.
+
+        Every rank calls it: a sharded (``train.fsdp``) role's whole weights and optimizer state are gathered from
+        all ranks first, so the files are those of one process. Rank 0 writes; the others return None.
+        """
+        gathered = {role: (distributed.full_model_state(model),
+                           distributed.full_optimizer_state(model, optimizers[role]))
+                    for role, model in models.items() if distributed.is_sharded(model)}
+        if not distributed.is_main():
+            return None
         self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
         final = self.checkpoints_dir / STEP_DIR.format(step)
         tmp = Path(tempfile.mkdtemp(dir=self.checkpoints_dir, prefix=f".{final.name}."))
         for role, model in models.items():
-            save_model(model, str(tmp / f"{role}.safetensors"))
+            if role in gathered:
+                save_file(gathered[role][0], str(tmp / f"{role}.safetensors"))
+            else:
+                save_model(model, str(tmp / f"{role}.safetensors"))
         optimizer_meta = {}
         for role, optimizer in optimizers.items():
-            tensors, meta = _flatten_optimizer(optimizer)
+            tensors, meta = _flatten_optimizer(gathered[role][1] if role in gathered else optimizer.state_dict())
             save_file(tensors, str(tmp / f"{role}.optim.safetensors"))
             optimizer_meta[role] = meta
         save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
@@ -105,10 +118,16 @@ class RunStore:
         folder = self.checkpoints_dir / STEP_DIR.format(step)
         state = json.loads((folder / "state.json").read_text())
         for role, model in models.items():
-            load_model(model, str(folder / f"{role}.safetensors"))
+            if distributed.is_sharded(model):
+                distributed.load_full_model_state(model, load_file(str(folder / f"{role}.safetensors")))
+            else:
+                load_model(model, str(folder / f"{role}.safetensors"))
         for role, optimizer in optimizers.items():
-            _restore_optimizer(optimizer, load_file(str(folder / f"{role}.optim.safetensors")),
-                               state["optimizers"][role])
+            saved = _optimizer_state(load_file(str(folder / f"{role}.optim.safetensors")), state["optimizers"][role])
+            if distributed.is_sharded(models[role]):
+                distributed.load_full_optimizer_state(models[role], optimizer, saved)
+            else:
+                optimizer.load_state_dict(saved)
         torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])
         random.setstate(_tuple_state(state["python_rng"]))
         np.random.set_state(tuple(state["numpy_rng"][:1]) + (np.array(state["numpy_rng"][1], dtype=np.uint32),)
@@ -132,9 +151,8 @@ class RunStore:
                     shutil.rmtree(child, ignore_errors=True)
 
 
-def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    """Optimizer state as named tensors (for safetensors) plus JSON metadata (no pickle)."""
-    sd = optimizer.state_dict()
+def _flatten_optimizer(sd: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict]:
+    """An optimizer's ``state_dict()`` as named tensors (for safetensors) plus JSON metadata (no pickle)."""
     tensors, scalars = {}, {}
     for index, slots in sd["state"].items():
         for name, value in slots.items():
@@ -147,14 +165,15 @@ def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
-def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict[str, Any]:
+    """The ``state_dict()`` that :func:`_flatten_optimizer` flattened."""
     state: dict[int, dict] = {}
     for key, value in list(tensors.items()) + list(meta["scalars"].items()):
         if key == "__empty__":
             continue
         index, name = key.split(".", 1)
         state.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return {"state": state, "param_groups": meta["param_groups"]}
 
 
 def _py_rng_state() -> list:

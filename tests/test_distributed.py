@@ -90,6 +90,38 @@ def test_accelerate_launch_trains_the_same_weights_as_one_process(one_process_ru
 
 
 @pytest.mark.slow
+def test_fsdp_two_processes_train_the_same_weights_as_one(one_process_run, small_tiny_arith, tmp_path, capsys):
+    out = tmp_path / "fsdp"
+    done = launch([*SINGLE, "--set", f"model={small_tiny_arith[1]}", "--out", str(out), "--processes", "2",
+                   "--set", "train.fsdp=true"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert samples(out) == samples(one_process_run)  # sampling and evaluation ran on gathered weights
+    gap = max_weight_gap(one_process_run, out)  # the gathered checkpoint has the one-process files' names
+    with capsys.disabled():
+        print(f"\nFSDP on 2 processes vs 1, dynamic_rl 3 steps: max |weight difference| = {gap:.2e}")
+    assert gap < 1e-5
+
+
+@pytest.mark.slow
+def test_killed_fsdp_run_resumes_from_its_gathered_checkpoint(one_process_run, small_tiny_arith, tmp_path):
+    out = tmp_path / "fsdp-killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runner = subprocess.Popen([*COEVOLVE, *SINGLE, "--set", f"model={small_tiny_arith[1]}", "--out", str(out),
+                               "--processes", "2", "--set", "train.fsdp=true"], env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (out / "checkpoints" / "step_000001").exists():
+        assert runner.poll() is None and time.time() < deadline, "the run ended or stalled before its first checkpoint"
+        time.sleep(0.2)
+    os.killpg(runner.pid, signal.SIGKILL)
+    runner.wait(timeout=60)
+    done = launch(["run", "--resume", str(out), "--quiet", "--processes", "2"])  # shards loaded from whole files
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert samples(out) == samples(one_process_run)
+    assert max_weight_gap(one_process_run, out) < 1e-5
+
+
+@pytest.mark.slow
 def test_two_role_recipe_on_two_processes_matches_one(small_tiny_arith, tmp_path):
     args = ["run", "r_zero", "--quiet", "--set", f"model={small_tiny_arith[1]}", "--set", "steps=4",
             "--set", "eval_sets=[]", "--set", "params.questioner_steps=2", "--set", "params.solver_steps=2",
@@ -104,6 +136,13 @@ def test_two_role_recipe_on_two_processes_matches_one(small_tiny_arith, tmp_path
     assert trained_steps(one, "questioner") + trained_steps(one, "solver") >= 2
     assert samples(one) == samples(two)
     assert max_weight_gap(one, two) < 1e-5
+    # Both roles sharded, activations recomputed in the backward pass: still the one-process weights.
+    sharded = tmp_path / "fsdp"
+    done = launch([*args, "--out", str(sharded), "--processes", "2", "--set", "train.fsdp=true",
+                   "--set", "train.gradient_checkpointing=true"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert samples(one) == samples(sharded)
+    assert max_weight_gap(one, sharded) < 1e-5
 
 
 @pytest.mark.slow
@@ -152,7 +191,9 @@ def test_impossible_settings_are_one_line_exit_2(tmp_path, random_model_dir):
     from coevolve.cli import app
 
     cases = [(["--set", "train.lora.target_modules=[no_such_proj]"], "train.lora.target_modules"),
-             (["--set", "rollout.engine=vllm", "--processes", "2"], "rollout.engine")]
+             (["--set", "rollout.engine=vllm", "--processes", "2"], "rollout.engine"),
+             (["--set", "train.fsdp=true"], "train.fsdp"),
+             (["--set", "train.fsdp=true", "--set", "train.lora.r=4", "--processes", "2"], "train.fsdp")]
     if not torch.cuda.is_available():
         cases.append((["--set", "device=cuda"], "device"))
     for extra, key in cases:

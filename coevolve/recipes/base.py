@@ -130,6 +130,7 @@ class Recipe:
             temperature=self.config.rollout.temperature,
             lora=train.lora.model_dump() if train.lora else None, dtype="bf16" if bf16 else "fp32",
             gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing,
+            fsdp=train.fsdp,
         )
         for key, value in overrides.items():
             setattr(settings, key, value)
@@ -167,6 +168,8 @@ class Recipe:
                 engine = ResidentEngine(engine, trainer)
             if distributed.world_size() > 1:  # each rank samples its share; every rank sees the whole batch
                 engine = distributed.DataParallelEngine(engine, self.config.rollout.batch_size)
+            if trainer is not None and trainer.settings.fsdp:  # every rank gathers the whole weights to sample
+                engine = distributed.FullWeightsEngine(engine, trainer.model)
             self._engines[key] = engine
         return self._engines[key]
 

@@ -55,6 +55,7 @@ class UpdateSettings:
     lora: dict | None = None  # peft LoraConfig kwargs, e.g. {"r": 8, "lora_alpha": 16}
     dtype: str = "fp32"  # fp32 | bf16 (bf16 autocast for forward and backward; fp32 weights and AdamW state)
     gradient_checkpointing: bool = False
+    fsdp: bool = False  # shard weights, gradients and AdamW state over the ranks (coevolve.distributed.shard_model)
 
 
 # Packing a micro-batch into one row needs an N x N attention mask (N = its tokens); past this the mask's memory
@@ -195,6 +196,10 @@ class PolicyTrainer:
         self.reference = None
         if settings.kl_beta > 0 and not settings.lora:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if settings.fsdp:
+            distributed.shard_model(model)
+            if self.reference is not None:
+                distributed.shard_model(self.reference)
         params = [p for p in model.parameters() if p.requires_grad]
         # The fused kernel updates every parameter in one pass (CPU and CUDA); the default loops over them.
         fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
@@ -220,11 +225,12 @@ class PolicyTrainer:
         chunks = []
         width = max(len(s.completion_ids) for s in samples)
         first, last = distributed.shard_bounds(len(samples))
-        for start in range(first, last, self.settings.micro_batch_size):
-            part = samples[start:min(start + self.settings.micro_batch_size, last)]
-            with self._autocast():
-                lp, _ = sequence_logprobs(model, part, self.pad_id, self.settings.temperature)
-            chunks.append(torch.nn.functional.pad(lp, (width - lp.shape[1], 0)))
+        with distributed.full_weights(model):  # ranks' shares take different numbers of passes
+            for start in range(first, last, self.settings.micro_batch_size):
+                part = samples[start:min(start + self.settings.micro_batch_size, last)]
+                with self._autocast():
+                    lp, _ = sequence_logprobs(model, part, self.pad_id, self.settings.temperature)
+                chunks.append(torch.nn.functional.pad(lp, (width - lp.shape[1], 0)))
         model.train(was_training)
         mine = torch.cat(chunks) if chunks else torch.zeros(0, width, device=self.device)
         if distributed.world_size() == 1:
@@ -302,8 +308,14 @@ class PolicyTrainer:
         nonfinite = False
         first, last = distributed.shard_bounds(len(indices))
         by_length = _micro_batch_order(self.model, samples, indices[first:last])
-        for start in range(0, len(by_length), st.micro_batch_size):
+        passes = -(-len(by_length) // st.micro_batch_size)
+        if self.settings.fsdp:  # every rank runs as many forward/backward passes as the rank with the most
+            passes = -(-distributed.largest_share(len(indices)) // st.micro_batch_size)
+        for start in range(0, passes * st.micro_batch_size, st.micro_batch_size):
             idx = by_length[start:start + st.micro_batch_size]
+            if not idx or nonfinite:
+                self._idle_pass(samples[indices[0]])
+                continue
             part = [samples[i] for i in idx]
             with self._autocast():
                 logprobs, mask = sequence_logprobs(self.model, part, self.pad_id, st.temperature)
@@ -318,6 +330,9 @@ class PolicyTrainer:
             )
             if not torch.isfinite(loss) or stats.get("nonfinite"):
                 nonfinite = True
+                if self.settings.fsdp:  # finish the pass like the other ranks; the step is skipped on all of them
+                    loss.backward()
+                    continue
                 break
             loss.backward()
             loss_sum += float(loss.detach())
@@ -338,7 +353,8 @@ class PolicyTrainer:
         stats_max = {k: max(part[k] for *_, part in shares if k in part)
                      for k in set().union(*(part for *_, part in shares))}
         params = [p for p in self.model.parameters() if p.requires_grad]
-        distributed.all_reduce_gradients(params)
+        if not self.settings.fsdp:  # FSDP summed them into each rank's shard in backward
+            distributed.all_reduce_gradients(params)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, st.grad_clip if st.grad_clip > 0 else math.inf))
         if not math.isfinite(grad_norm):
             log.warning("non-finite gradient norm; optimizer step skipped")
@@ -346,3 +362,10 @@ class PolicyTrainer:
             return None
         self.optimizer.step()
         return {"loss": loss_sum, "grad_norm": grad_norm, **stats_sum, **stats_max}
+
+    def _idle_pass(self, sample: TrainSample) -> None:
+        """A forward and backward pass that adds nothing to the gradients: a sharded model's ranks must run the
+        same number of passes (each gathers weights and reduce-scatters gradients with the others)."""
+        with self._autocast():
+            logprobs, _ = sequence_logprobs(self.model, [sample], self.pad_id, self.settings.temperature)
+        (logprobs.sum() * 0.0).backward()
