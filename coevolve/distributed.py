@@ -218,9 +218,11 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     names); every rank must call it, rank 0 gets the tensors."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+    local = optimizer.state_dict()
+    if not optimizer.state:  # no step taken yet (torch's getter would take a zero-gradient step to create state)
+        return local
     state = get_optimizer_state_dict(model, optimizer,
                                      options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    local = optimizer.state_dict()
     index = {name: i for i, name in enumerate(_trained_names(model, optimizer))}
     return {"state": {index[name]: slots for name, slots in state.get("state", {}).items()},
             "param_groups": local["param_groups"]}
@@ -231,6 +233,8 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Opt
     """Load a one-process ``optimizer.state_dict()`` into a sharded model's optimizer (every rank)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+    if not state["state"]:  # saved before the first step: the new optimizer is already in that state
+        return
     names = _trained_names(model, optimizer)
     groups = [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]]
     full = {"state": {names[int(i)]: slots for i, slots in state["state"].items()}, "param_groups": groups}
