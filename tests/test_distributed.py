@@ -52,6 +52,18 @@ def adam_step_counts(run_dir: Path) -> dict[str, list[float]]:
             for f in last.glob("*.optim.safetensors")}
 
 
+def kill_after_first_checkpoint(args: list[str], out: Path) -> None:
+    """Start ``coevolve ARGS``, wait for its first checkpoint in ``out``, then SIGKILL the launcher and every rank."""
+    runner = subprocess.Popen([*COEVOLVE, *args], env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (out / "checkpoints" / "step_000001").exists():
+        assert runner.poll() is None and time.time() < deadline, "the run ended or stalled before its first checkpoint"
+        time.sleep(0.2)
+    os.killpg(runner.pid, signal.SIGKILL)
+    runner.wait(timeout=60)
+
+
 def trained_steps(run_dir: Path, role: str = "policy") -> int:
     """Steps whose update of ``role`` had a non-zero gradient."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -101,16 +113,8 @@ def test_fsdp_run_killed_and_resumed_trains_the_same_weights_as_one(one_process_
                                                                     capsys):
     """Sharded over 2 processes, SIGKILLed after its first (gathered) checkpoint, resumed from it sharded again."""
     out = tmp_path / "fsdp-killed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    runner = subprocess.Popen([*COEVOLVE, *SINGLE, "--set", f"model={small_tiny_arith[1]}", "--out", str(out),
-                               "--processes", "2", "--set", "train.fsdp=true"], env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (out / "checkpoints" / "step_000001").exists():
-        assert runner.poll() is None and time.time() < deadline, "the run ended or stalled before its first checkpoint"
-        time.sleep(0.2)
-    os.killpg(runner.pid, signal.SIGKILL)
-    runner.wait(timeout=60)
+    kill_after_first_checkpoint([*SINGLE, "--set", f"model={small_tiny_arith[1]}", "--out", str(out),
+                                 "--processes", "2", "--set", "train.fsdp=true"], out)
     done = launch(["run", "--resume", str(out), "--quiet", "--processes", "2"])  # shards loaded from whole files
     assert done.returncode == 0, done.stderr[-2000:]
     assert samples(out) == samples(one_process_run)  # sampling and evaluation ran on gathered weights
@@ -149,16 +153,8 @@ def test_two_role_recipe_on_two_processes_matches_one(small_tiny_arith, tmp_path
 @pytest.mark.slow
 def test_killed_two_process_run_resumes(one_process_run, small_tiny_arith, tmp_path):
     out = tmp_path / "killed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    runner = subprocess.Popen([*COEVOLVE, *SINGLE, "--set", f"model={small_tiny_arith[1]}", "--out", str(out),
-                               "--processes", "2"], env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (out / "checkpoints" / "step_000001").exists():
-        assert runner.poll() is None and time.time() < deadline, "the run ended or stalled before its first checkpoint"
-        time.sleep(0.2)
-    os.killpg(runner.pid, signal.SIGKILL)  # the launcher and both ranks, mid-run
-    runner.wait(timeout=60)
+    kill_after_first_checkpoint([*SINGLE, "--set", f"model={small_tiny_arith[1]}", "--out", str(out),
+                                 "--processes", "2"], out)  # the launcher and both ranks, mid-run
     done = launch(["run", "--resume", str(out), "--quiet", "--processes", "2"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert samples(out) == samples(one_process_run)

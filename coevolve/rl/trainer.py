@@ -308,10 +308,9 @@ class PolicyTrainer:
         nonfinite = False
         first, last = distributed.shard_bounds(len(indices))
         by_length = _micro_batch_order(self.model, samples, indices[first:last])
-        passes = -(-len(by_length) // st.micro_batch_size)
-        if self.settings.fsdp:  # every rank runs as many forward/backward passes as the rank with the most
-            passes = -(-distributed.largest_share(len(indices)) // st.micro_batch_size)
-        for start in range(0, passes * st.micro_batch_size, st.micro_batch_size):
+        # Sharded, every rank runs as many forward/backward passes as the rank with the most samples.
+        share = distributed.largest_share(len(indices)) if st.fsdp else len(by_length)
+        for start in range(0, share, st.micro_batch_size):
             idx = by_length[start:start + st.micro_batch_size]
             if not idx or nonfinite:
                 self._idle_pass(samples[indices[0]])
