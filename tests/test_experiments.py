@@ -90,3 +90,30 @@ def test_dynamic_rl_collapse_trajectory_per_window(tmp_path):
     assert measured[f"question_chars@{2 * WINDOW}"] == pytest.approx(3.0)
     assert measured[f"question_level@{WINDOW}"] == pytest.approx(1.0)
     assert f"solver_tokens@{WINDOW}" not in measured  # no solver rows: no value rather than a zero
+
+
+def test_real_lm_short_run_counts_only_solver_steps_with_a_nonzero_advantage(tmp_path):
+    from experiments.real_lm.report import _eval_cell, _gsm8k, short_run
+
+    rows = [{"step": 1, "time_s": 10.0, "time/step_s": 10.0, "time/generate_s": 6.0, "questions/valid_rate": 1.0,
+             "generator/reward_mean": 0.5, "solver/optimizer_steps": 0},
+            {"step": 2, "time_s": 25.0, "time/step_s": 15.0, "time/generate_s": 4.0, "pool/valid_rate": 0.5,
+             "solver/reward_mean": 0.0, "solver/optimizer_steps": 1, "solver/advantage_abs_mean": 0.0},
+            {"step": 3, "time_s": 40.0, "time/step_s": 15.0, "solver/reward_mean": 0.25, "solver/optimizer_steps": 1,
+             "solver/advantage_abs_mean": 0.4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    measured = short_run(tmp_path)
+    assert measured["generator_valid_rate"] == [1.0, 0.5, None]
+    assert measured["solver_optimizer_steps"] == 2 and measured["solver_updates"] == 1  # step 2's advantages are 0
+    assert measured["first_solver_update_step"] == 3
+    assert measured["phase_seconds"] == {"generate": 10.0, "step": 40.0}
+
+    evaluated = tmp_path / "eval"
+    (evaluated / "gsm8k").mkdir(parents=True)
+    (evaluated / "summary.json").write_text(json.dumps({"gsm8k": {"accuracy": 0.25}}))
+    answers = [("length", None), ("eos", "3"), ("eos", None), ("eos", "7")]
+    (evaluated / "gsm8k" / "results.jsonl").write_text("".join(
+        json.dumps({"finish_reasons": [f], "extracted": [e]}) + "\n" for f, e in answers))
+    assert _gsm8k(evaluated) == {"accuracy": 0.25, "finished": 0.75, "answered": 0.5}
+    assert _eval_cell(_gsm8k(evaluated)) == "0.25 (75% finished, 50% answered)"
+    assert _gsm8k(tmp_path / "missing") is None

@@ -60,19 +60,31 @@ def short_run(run_dir: Path) -> dict[str, Any] | None:
     }
 
 
-def _accuracy(folder: Path) -> float | None:
+def _gsm8k(folder: Path) -> dict[str, float] | None:
+    """GSM8K accuracy, and the shares of answers that ended before the token budget and that held a final answer."""
     summary = _read(folder / "summary.json")
-    return summary["gsm8k"]["accuracy"] if summary and "gsm8k" in summary else None
+    rows = _rows(folder / "gsm8k" / "results.jsonl")
+    if not summary or "gsm8k" not in summary or not rows:
+        return None
+    return {"accuracy": summary["gsm8k"]["accuracy"],
+            "finished": sum(r["finish_reasons"][0] != "length" for r in rows) / len(rows),
+            "answered": sum(r["extracted"][0] is not None for r in rows) / len(rows)}
+
+
+def _eval_cell(result: dict[str, float] | None) -> str:
+    if not result:
+        return "-"
+    return f"{result['accuracy']:.2f} ({result['finished']:.0%} finished, {result['answered']:.0%} answered)"
 
 
 def write_report(runs: Path, out: Path) -> str:
     """Write results.json and results.md; return the markdown."""
     valid = {r: {o: _read(runs / "valid" / f"{r}-{o}.json") for o in OPTIONS} for r in RECIPES}
     sft = {p.parent.name: _read(p) for p in sorted((runs / "sft").glob("*/summary.json"))}
-    base = _accuracy(runs / "eval" / "base")
+    base = _gsm8k(runs / "eval" / "base")
     short = {r: short_run(runs / "short" / r) for r in RECIPES}
     loop = {r: short_run(runs / "loop" / r) for r in RECIPES}
-    after = {r: _accuracy(runs / "short" / r / "eval_after") for r in RECIPES}
+    after = {r: _gsm8k(runs / "short" / r / "eval_after") for r in RECIPES}
     results = {"valid": valid, "sft": sft, "eval_base_gsm8k100": base, "short": short, "eval_after_gsm8k100": after,
                "loop_tests": loop}
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -91,7 +103,7 @@ def write_report(runs: Path, out: Path) -> str:
             lines.append(f"| {name} | {s['examples']} | {s['steps']} | {s['first_loss']:.3f} -> {s['final_loss']:.3f} "
                          f"| {s['wall_s']:.0f} |")
     lines += ["", "## Short runs with the best help", "",
-              f"GSM8K, 100-question subset, greedy, 128 new tokens; untrained smollm2-135m: {_fmt(base, 3)}", "",
+              f"GSM8K, 100-question subset, greedy, 256 new tokens; untrained smollm2-135m: {_eval_cell(base)}", "",
               "| recipe | help | steps | generator valid rate per step | generator reward per step | solver reward "
               "per step | steps with a solver update | GSM8K-100 after | s per phase (total) |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -104,7 +116,7 @@ def write_report(runs: Path, out: Path) -> str:
                                                             "solver_reward")]
         phases = ", ".join(f"{k} {v:.0f}" for k, v in s["phase_seconds"].items())
         lines.append(f"| {r} | {'; '.join(s['format_help'])} | {s['steps']} | {series[0]} | {series[1]} | "
-                     f"{series[2]} | {s['solver_updates']} | {_fmt(after[r], 3)} | {phases} |")
+                     f"{series[2]} | {s['solver_updates']} | {_eval_cell(after[r])} | {phases} |")
     lines += ["", "## Two-step runs of tests/test_real_lm_loop.py (copied to runs/loop/)", "",
               "| recipe | help | steps | generator valid rate per step | generator reward per step | solver reward "
               "per step | steps with a solver update (non-zero advantage) | s per phase (total) |",

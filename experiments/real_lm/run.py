@@ -135,7 +135,7 @@ SHORT = {
 # the solver's answer format is constrained too (a 135M solver rarely boxes its answer, so there is no label).
 SHORT_HELP: dict[str, str] = {"pasodoble": "both", "infuser": "both"}
 SOLVER_HELP = ["params.solver_format_constraint=true"]
-EVAL = ["--sets", "gsm8k", "--limit", "100", "--max-new-tokens", "128"]
+EVAL = ["--sets", "gsm8k", "--limit", "100", "--max-new-tokens", "256"]  # 128 cut off 94 of 100 base answers
 
 
 def best_option(recipe: str) -> str:
