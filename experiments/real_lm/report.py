@@ -82,9 +82,11 @@ def write_report(runs: Path, out: Path) -> str:
     valid = {r: {o: _read(runs / "valid" / f"{r}-{o}.json") for o in OPTIONS} for r in RECIPES}
     sft = {p.parent.name: _read(p) for p in sorted((runs / "sft").glob("*/summary.json"))}
     base = _gsm8k(runs / "eval" / "base")
-    short = {r: short_run(runs / "short" / r) for r in RECIPES}
+    # short runs with the best help, then any with another help (folders ``<recipe>-<help>``)
+    others = sorted(p.name for p in (runs / "short").glob("*-*") if p.is_dir()) if (runs / "short").exists() else []
+    short = {r: short_run(runs / "short" / r) for r in RECIPES + others}
     loop = {r: short_run(runs / "loop" / r) for r in RECIPES}
-    after = {r: _gsm8k(runs / "short" / r / "eval_after") for r in RECIPES}
+    after = {r: _gsm8k(runs / "short" / r / "eval_after") for r in short}
     results = {"valid": valid, "sft": sft, "eval_base_gsm8k100": base, "short": short, "eval_after_gsm8k100": after,
                "loop_tests": loop}
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -107,7 +109,7 @@ def write_report(runs: Path, out: Path) -> str:
               "| recipe | help | steps | generator valid rate per step | generator reward per step | solver reward "
               "per step | steps with a solver update | GSM8K-100 after | s per phase (total) |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for r in RECIPES:
+    for r in short:
         s = short[r]
         if not s:
             lines.append(f"| {r} | not run | | | | | | | |")

@@ -4,6 +4,7 @@ then short runs with the best help and GSM8K evaluation before and after.
     python -m experiments.real_lm.run sft      # the format warm-ups (one per output format)
     python -m experiments.real_lm.run valid    # valid-rate table: recipe x {none, examples, constraint, sft}
     python -m experiments.real_lm.run short    # 5-step runs with the best help, GSM8K-100 before / after
+    python -m experiments.real_lm.run short --recipes pasodoble --help-option sft+constraint   # another help
     python -m experiments.real_lm.run report   # results.md / results.json from what finished
 
 Everything goes to experiments/real_lm/runs/ (not in git); a finished piece is skipped when run again. ``--jobs N``
@@ -53,6 +54,9 @@ def sft_dir(recipe: str) -> Path:
 
 
 def option_sets(recipe: str, option: str) -> list[str]:
+    """The config keys of ``option``; options joined with ``+`` (``sft+constraint``) combine."""
+    if "+" in option:
+        return [key for part in option.split("+") for key in option_sets(recipe, part)]
     if option == "sft":
         return [f"params.generator_init={sft_dir(recipe)}"]
     return OPTION_KEYS[option]
@@ -157,8 +161,10 @@ def _python(args: list[str], log: Path) -> list[str]:
     return ["bash", "-c", f"OMP_NUM_THREADS=1 {sys.executable} {' '.join(args)} > {log} 2>&1"]
 
 
-def jobs_for(stage: str, recipes: list[str], options: list[str]) -> list[tuple[Path, list[str]]]:
-    """(marker file that says it is done, command) of each piece of ``stage``."""
+def jobs_for(stage: str, recipes: list[str], options: list[str], short_help: str | None = None
+             ) -> list[tuple[Path, list[str]]]:
+    """(marker file that says it is done, command) of each piece of ``stage``; ``short_help`` replaces the best
+    option of the short runs (their folders are then named ``<recipe>-<help>``)."""
     jobs = []
     if stage == "sft":
         for recipe in dict.fromkeys(FORMAT_OF.get(r, r) for r in recipes):
@@ -177,14 +183,14 @@ def jobs_for(stage: str, recipes: list[str], options: list[str]) -> list[tuple[P
         jobs.append((base / "summary.json", _python(
             ["-m coevolve eval smollm2-135m", *EVAL, "--out", str(base)], RUNS / "logs" / "eval-base.log")))
         for recipe in recipes:
-            option = best_option(recipe)
-            run_dir = RUNS / "short" / recipe
+            option = short_help or best_option(recipe)
+            run_dir = RUNS / "short" / (f"{recipe}-{short_help}" if short_help else recipe)
             sets = " ".join(f"--set {k}" for k in COMMON + SHORT[recipe] + option_sets(recipe, option) + SOLVER_HELP
                             + [f"steps={STEPS}"])
             command = (f"-m coevolve run {recipe} {sets} --quiet --out {run_dir} && OMP_NUM_THREADS=1 "
                        f"{sys.executable} -m coevolve eval {run_dir} {' '.join(EVAL)} --out {run_dir}/eval_after")
             jobs.append((run_dir / "eval_after" / "summary.json",
-                         _python([command], RUNS / "logs" / f"short-{recipe}.log")))
+                         _python([command], RUNS / "logs" / f"short-{run_dir.name}.log")))
     return jobs
 
 
@@ -214,6 +220,7 @@ def main() -> None:
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--options", default=",".join(OPTIONS))
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--help-option", help="short runs: this help instead of the best one (e.g. sft+constraint)")
     args = parser.parse_args()
     if args.stage == "cell":  # one valid-rate measurement: recipe option out [samples]
         recipe, option, out, *samples = args.rest
@@ -225,7 +232,7 @@ def main() -> None:
         print(write_report(RUNS, HERE))
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    run_jobs(jobs_for(args.stage, args.recipes.split(","), args.options.split(",")), args.jobs)
+    run_jobs(jobs_for(args.stage, args.recipes.split(","), args.options.split(","), args.help_option), args.jobs)
 
 
 if __name__ == "__main__":
