@@ -2,9 +2,11 @@
 
 With format help on (the generator's format and the solver's answer box constrained), the recipes whose solver labels
 come from a majority vote (R-Zero, OpenSIR, Dynamic RL) update their solver within two steps. PasoDoble's and
-INFUSER's solver reward is agreement with the generator's own answer: their generated questions are valid and reach
-the solver, but at 135M no solver answer agreed with a generator's answer that the leak check kept in the measured
-runs (experiments/real_lm/README.md), so no solver update follows; those tests assert what the help does achieve."""
+INFUSER's solver reward is agreement with the generator's own answer: with worked examples and the constraint their
+questions are valid and reach the solver, but they copy the example and state its answer, so the leak check zeroes
+PasoDoble's agreements (INFUSER has no leak check). In the experiment (experiments/real_lm/README.md) a format warm-up
+plus the constraint closed PasoDoble's loop without leaks; the warm-up takes minutes to train, more than these tests
+can spend, so they assert what the cheaper help achieves."""
 
 from __future__ import annotations
 
