@@ -109,11 +109,9 @@ def test_real_lm_short_run_counts_only_solver_steps_with_a_nonzero_advantage(tmp
     assert measured["phase_seconds"] == {"generate": 10.0, "step": 40.0}
 
     evaluated = tmp_path / "eval"
-    (evaluated / "gsm8k").mkdir(parents=True)
-    (evaluated / "summary.json").write_text(json.dumps({"gsm8k": {"accuracy": 0.25}}))
-    answers = [("length", None), ("eos", "3"), ("eos", None), ("eos", "7")]
-    (evaluated / "gsm8k" / "results.jsonl").write_text("".join(
-        json.dumps({"finish_reasons": [f], "extracted": [e]}) + "\n" for f, e in answers))
-    assert _gsm8k(evaluated) == {"accuracy": 0.25, "finished": 0.75, "answered": 0.5}
+    evaluated.mkdir()
+    (evaluated / "summary.json").write_text(json.dumps({"gsm8k": {  # as coevolve eval writes it
+        "accuracy": 0.25, "answered": 0.5, "truncated": 0.25, "sampling": {"max_new_tokens": 256}}}))
+    assert _gsm8k(evaluated) == {"accuracy": 0.25, "finished": 0.75, "answered": 0.5, "max_new_tokens": 256}
     assert _eval_cell(_gsm8k(evaluated)) == "0.25 (75% finished, 50% answered)"
     assert _gsm8k(tmp_path / "missing") is None

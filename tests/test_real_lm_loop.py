@@ -5,7 +5,7 @@ come from a majority vote (R-Zero, OpenSIR, Dynamic RL) update their solver with
 INFUSER's solver reward is agreement with the generator's own answer: with worked examples and the constraint their
 questions are valid and reach the solver, but they copy the example and state its answer, so the leak check zeroes
 PasoDoble's agreements (INFUSER has no leak check). In the experiment (experiments/real_lm/README.md) a format warm-up
-plus the constraint closed PasoDoble's loop without leaks; the warm-up takes minutes to train, more than these tests
+plus the constraint closed PasoDoble's loop on questions the leak check kept; the warm-up takes minutes to train, more than these tests
 can spend, so they assert what the cheaper help achieves."""
 
 from __future__ import annotations

@@ -61,14 +61,14 @@ def short_run(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _gsm8k(folder: Path) -> dict[str, float] | None:
-    """GSM8K accuracy, and the shares of answers that ended before the token budget and that held a final answer."""
+    """GSM8K accuracy, the shares of answers that ended before the token budget and that held a final answer, and
+    that budget, as ``coevolve eval`` summarised them."""
     summary = _read(folder / "summary.json")
-    rows = _rows(folder / "gsm8k" / "results.jsonl")
-    if not summary or "gsm8k" not in summary or not rows:
+    if not summary or "gsm8k" not in summary:
         return None
-    return {"accuracy": summary["gsm8k"]["accuracy"],
-            "finished": sum(r["finish_reasons"][0] != "length" for r in rows) / len(rows),
-            "answered": sum(r["extracted"][0] is not None for r in rows) / len(rows)}
+    gsm8k = summary["gsm8k"]
+    return {"accuracy": gsm8k["accuracy"], "finished": round(1 - gsm8k["truncated"], 4), "answered": gsm8k["answered"],
+            "max_new_tokens": gsm8k["sampling"]["max_new_tokens"]}
 
 
 def _eval_cell(result: dict[str, float] | None) -> str:
@@ -105,7 +105,8 @@ def write_report(runs: Path, out: Path) -> str:
             lines.append(f"| {name} | {s['examples']} | {s['steps']} | {s['first_loss']:.3f} -> {s['final_loss']:.3f} "
                          f"| {s['wall_s']:.0f} |")
     lines += ["", "## Short runs with the best help", "",
-              f"GSM8K, 100-question subset, greedy, 256 new tokens; untrained smollm2-135m: {_eval_cell(base)}", "",
+              f"GSM8K, 100-question subset, greedy, {base['max_new_tokens'] if base else '-'} new tokens; untrained "
+              f"smollm2-135m: {_eval_cell(base)}", "",
               "| recipe | help | steps | generator valid rate per step | generator reward per step | solver reward "
               "per step | steps with a solver update | GSM8K-100 after | s per phase (total) |",
               "|---|---|---|---|---|---|---|---|---|"]
