@@ -105,7 +105,7 @@ def run_sft(config: SFTConfig, out_dir: str | Path, progress: bool = True) -> di
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-            row = {"step": step, "loss": round(float(loss), 5), "time_s": round(time.perf_counter() - started, 2)}
+            row = {"step": step, "loss": round(loss.item(), 5), "time_s": round(time.perf_counter() - started, 2)}
             rows.append(row)
             metrics.write(dumps(row) + "\n")
             metrics.flush()
