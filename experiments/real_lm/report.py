@@ -31,6 +31,14 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def _help_item(line: str) -> str:
+    """A help key as the tables show it: a warm-up folder by its last two parts (``sft/pasodoble``)."""
+    key, _, value = line.partition(": ")
+    if key == "generator_init" and value not in ("null", ""):
+        return f"{key}: {'/'.join(Path(value).parts[-2:])}"
+    return line
+
+
 def short_run(run_dir: Path) -> dict[str, Any] | None:
     """What a short run did: per-step rewards and valid rates, solver updates, seconds per phase."""
     rows = [r for r in _rows(run_dir / "metrics.jsonl") if r.get("step", 0) >= 1 and "time/step_s" in r]
@@ -54,9 +62,10 @@ def short_run(run_dir: Path) -> dict[str, Any] | None:
         "first_solver_update_step": next((r["step"] for r, m in zip(rows, solver_moved) if m), None),
         "phase_seconds": {k: round(v, 1) for k, v in sorted(phases.items())},
         "wall_s": rows[-1].get("time_s"),
-        "format_help": [line.strip() for line in config.splitlines()
+        "format_help": [_help_item(line.strip()) for line in config.splitlines()
                         if line.strip().startswith(("format_examples", "format_constraint", "generator_init",
-                                                             "solver_format_constraint"))],
+                                                    "solver_format_constraint"))],
+        "warmup": _read(run_dir / "sft" / "summary.json"),  # the loop tests train their own (copied with the run)
     }
 
 
@@ -122,16 +131,18 @@ def write_report(runs: Path, out: Path) -> str:
                      f"{series[2]} | {s['solver_updates']} | {_eval_cell(after[r])} | {phases} |")
     lines += ["", "## Two-step runs of tests/test_real_lm_loop.py (copied to runs/loop/)", "",
               "| recipe | help | steps | generator valid rate per step | generator reward per step | solver reward "
-              "per step | steps with a solver update (non-zero advantage) | s per phase (total) |",
-              "|---|---|---|---|---|---|---|---|"]
+              "per step | steps with a solver update (non-zero advantage) | warm-up in the test | s per phase (total) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in RECIPES:
         s = loop[r]
         if s:
             series = [" ".join(_fmt(v) for v in s[k]) for k in ("generator_valid_rate", "generator_reward",
                                                                 "solver_reward")]
             phases = ", ".join(f"{k} {v:.0f}" for k, v in s["phase_seconds"].items())
+            w = s["warmup"]
+            warmup = f"{w['steps']} steps on {w['examples']} problems, {w['wall_s']:.0f} s" if w else "-"
             lines.append(f"| {r} | {'; '.join(s['format_help'])} | {s['steps']} | {series[0]} | {series[1]} | "
-                         f"{series[2]} | {s['solver_updates']} | {phases} |")
+                         f"{series[2]} | {s['solver_updates']} | {warmup} | {phases} |")
     markdown = "\n".join(lines) + "\n"
     (out / "results.md").write_text(markdown)
     return markdown
