@@ -38,9 +38,9 @@ CASES = {
     "dynamic_rl": ["params.n=4", "params.m=4", "params.question_max_tokens=128"],
 }
 SOLVER_STEPS = {"opensir": "policy/optimizer_steps", "dynamic_rl": "policy/optimizer_steps"}
-# The format warm-up (`coevolve sft` keys) of the recipes whose solver must agree with the generator's answer: the
-# smallest that closed the loop here. PasoDoble's is the experiment's (4 steps on 16 problems gave questions whose
-# only agreements were on stated answers); INFUSER's is a quarter of it.
+# The format warm-up (`coevolve sft` keys) of the recipes whose solver must agree with the generator's answer.
+# INFUSER's 4 steps suffice; PasoDoble's is the experiment's 16 steps of 4, the smallest tried whose questions were
+# retained in both steps (after 4, 8 or 12 steps of 4 none were: experiments/real_lm/README.md).
 WARMUP = {"pasodoble": {"examples": 64, "steps": 16, "batch_size": 4, "lr": 5e-5, "max_tokens": 448},
           "infuser": {"examples": 16, "steps": 4, "batch_size": 4, "lr": 1e-4, "max_tokens": 448}}
 
