@@ -5,8 +5,8 @@ solver's answer format are constrained. Where the solver's label is a majority v
 that is all the help needed. Where the solver must agree with the generator's own answer (PasoDoble, INFUSER), the
 generator also starts from a format warm-up (``coevolve sft``): with worked examples instead, a 135M generator copies
 the example and states its answer in the question, and PasoDoble's leak check zeroes every agreement
-(experiments/real_lm/README.md). Prism is R-Zero's loop with another questioner reward (and minutes to build its
-cluster space), so R-Zero's case covers its mechanics."""
+(experiments/real_lm/README.md). Prism, R-Zero's loop with a cluster-coverage questioner reward, runs R-Zero's
+sizes in a small cluster space."""
 
 from __future__ import annotations
 
@@ -23,17 +23,19 @@ COMMON = ["task=math", "steps=2", "eval_sets=[]", "checkpoint_every=100", "rollo
           "params.format_constraint=true", "params.solver_format_constraint=true"]
 # Per recipe: the smallest sizes whose two steps contain a solver phase, with the help the experiment chose
 # (experiments/real_lm/README.md).
+R_ZERO_SIZES = ["params.questioner_steps=1", "params.solver_steps=1", "params.questioner_prompts=2",
+                "params.questioner_group=2", "params.score_samples=2", "params.pool_size=4", "params.label_samples=4",
+                "params.band=[0.0,1.0]", "params.solver_questions=2", "params.solver_group=8",
+                "params.question_max_tokens=128"]
 CASES = {
-    "r_zero": ["params.questioner_steps=1", "params.solver_steps=1", "params.questioner_prompts=2",
-               "params.questioner_group=2", "params.score_samples=2", "params.pool_size=4", "params.label_samples=4",
-               "params.band=[0.0,1.0]", "params.solver_questions=2", "params.solver_group=8",
-               "params.question_max_tokens=128"],
+    "r_zero": R_ZERO_SIZES,
+    "prism": R_ZERO_SIZES,  # R-Zero's schedule
     "pasodoble": ["params.passages_per_step=1", "params.proposals=4", "params.solutions=6", "params.tau_low=0.0",
                   "params.knowledge_pool_size=20", "params.proposer_max_tokens=224", "rollout.max_new_tokens=96"],
     "infuser": ["params.documents_per_step=1", "params.group_size=4", "params.minibatch_prompts=1",
                 "params.dev_size=2", "params.document_pool_size=20", "params.document_min_tokens=100",
                 "params.document_max_tokens=400", "params.generator_max_tokens=128"],
-    "opensir": ["params.batch_size=8", "params.group_size=2", "params.teacher_upscale=1",
+    "opensir": ["params.batch_size=4", "params.group_size=2", "params.teacher_upscale=1",
                 "rollout.max_new_tokens=144", "params.l_base=144", "params.l_cap=144"],
     "dynamic_rl": ["params.n=4", "params.m=4", "params.question_max_tokens=128"],
 }
@@ -69,6 +71,13 @@ def two_steps(recipe: str, model_dir: str, tmp_path) -> list[dict]:
     from coevolve.sft import resolve_sft, run_sft
 
     sets = [f"model={model_dir}", *COMMON, *CASES[recipe]]
+    if recipe == "prism":  # its cluster space from 64 GSM8K-train questions: seconds (the default corpus: minutes)
+        from coevolve.embeddings import ClusterSpace
+        from coevolve.rewards.coverage import reference_questions
+
+        questions, info = reference_questions("gsm8k_train")
+        ClusterSpace.build(questions[:64], 8, seed=0, info=info).save(tmp_path / "space")
+        sets.append(f"params.cluster_space={tmp_path / 'space'}")
     if recipe in WARMUP:
         run_sft(resolve_sft(recipe, {"model": model_dir, **WARMUP[recipe]}), tmp_path / "sft", progress=False)
         sets.append(f"params.generator_init={tmp_path / 'sft'}")
@@ -79,7 +88,7 @@ def two_steps(recipe: str, model_dir: str, tmp_path) -> list[dict]:
     return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("recipe", ["dynamic_rl", "opensir", "r_zero", "infuser", "pasodoble"])
+@pytest.mark.parametrize("recipe", ["dynamic_rl", "opensir", "r_zero", "prism", "infuser", "pasodoble"])
 def test_solver_is_updated_within_two_steps_with_format_help(recipe, model_dir, tmp_path):
     rows = two_steps(recipe, model_dir, tmp_path)
     key = SOLVER_STEPS.get(recipe, "solver/optimizer_steps")
