@@ -86,6 +86,14 @@ def _eval_cell(result: dict[str, float] | None) -> str:
     return f"{result['accuracy']:.2f} ({result['finished']:.0%} finished, {result['answered']:.0%} answered)"
 
 
+def _run_row(name: str, run: dict[str, Any], extra: str) -> str:
+    """One table row of a short or loop-test run: help, per-step series, solver updates, ``extra``, phase seconds."""
+    series = [" ".join(_fmt(v) for v in run[k]) for k in ("generator_valid_rate", "generator_reward", "solver_reward")]
+    phases = ", ".join(f"{k} {v:.0f}" for k, v in run["phase_seconds"].items())
+    return (f"| {name} | {'; '.join(run['format_help'])} | {run['steps']} | {series[0]} | {series[1]} | {series[2]} "
+            f"| {run['solver_updates']} | {extra} | {phases} |")
+
+
 def write_report(runs: Path, out: Path) -> str:
     """Write results.json and results.md; return the markdown."""
     valid = {r: {o: _read(runs / "valid" / f"{r}-{o}.json") for o in OPTIONS} for r in RECIPES}
@@ -124,11 +132,7 @@ def write_report(runs: Path, out: Path) -> str:
         if not s:
             lines.append(f"| {r} | not run | | | | | | | |")
             continue
-        series = [" ".join(_fmt(v) for v in s[k]) for k in ("generator_valid_rate", "generator_reward",
-                                                            "solver_reward")]
-        phases = ", ".join(f"{k} {v:.0f}" for k, v in s["phase_seconds"].items())
-        lines.append(f"| {r} | {'; '.join(s['format_help'])} | {s['steps']} | {series[0]} | {series[1]} | "
-                     f"{series[2]} | {s['solver_updates']} | {_eval_cell(after[r])} | {phases} |")
+        lines.append(_run_row(r, s, _eval_cell(after[r])))
     lines += ["", "## Two-step runs of tests/test_real_lm_loop.py (copied to runs/loop/)", "",
               "| recipe | help | steps | generator valid rate per step | generator reward per step | solver reward "
               "per step | steps with a solver update (non-zero advantage) | warm-up in the test | s per phase (total) |",
@@ -136,13 +140,9 @@ def write_report(runs: Path, out: Path) -> str:
     for r in RECIPES:
         s = loop[r]
         if s:
-            series = [" ".join(_fmt(v) for v in s[k]) for k in ("generator_valid_rate", "generator_reward",
-                                                                "solver_reward")]
-            phases = ", ".join(f"{k} {v:.0f}" for k, v in s["phase_seconds"].items())
             w = s["warmup"]
-            warmup = f"{w['steps']} steps on {w['examples']} problems, {w['wall_s']:.0f} s" if w else "-"
-            lines.append(f"| {r} | {'; '.join(s['format_help'])} | {s['steps']} | {series[0]} | {series[1]} | "
-                         f"{series[2]} | {s['solver_updates']} | {warmup} | {phases} |")
+            lines.append(_run_row(r, s, f"{w['steps']} steps on {w['examples']} problems, {w['wall_s']:.0f} s"
+                                  if w else "-"))
     markdown = "\n".join(lines) + "\n"
     (out / "results.md").write_text(markdown)
     return markdown
