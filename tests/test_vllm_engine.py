@@ -16,6 +16,7 @@ import torch
 from coevolve.models import Policy, load_policy
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings, sequence_logprobs
 from coevolve.rollout import SamplingParams, make_engine, weights_version
+from coevolve.rollout.base import PROMPT_SEED_STRIDE
 from coevolve.rollout.hf import HFRolloutEngine
 from coevolve.rollout.vllm_engine import EngineUnavailable, PromptTooLong, VLLMRolloutEngine, VLLMSettings
 
@@ -109,6 +110,23 @@ def test_sampling_is_reproducible_and_independent_of_batching(policy_and_engine)
     assert [c.token_ids for c in first] == [c.token_ids for c in second]
     assert [c.token_ids for c in first] != [c.token_ids for c in other]
     assert engine.generate(PROMPTS[:1], params, seed=11)[0].token_ids == first[0].token_ids
+
+
+def test_a_call_with_more_prompt_tokens_than_one_scheduler_batch(policy_and_engine):
+    """More prompt tokens than the scheduler takes in one step: seeded requests must not be prefilled in chunks (vLLM
+    rewinds a chunked request's generator, which a CPU generator cannot do) and still sample as they do alone."""
+    _, engine, _ = policy_and_engine
+    engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=1), seed=0)  # start the engine to read its budget
+    budget = engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    count = budget // (engine.max_model_len - 16) + 2
+    # Distinct from their first token, so the prefix cache cannot spare the scheduler any of them.
+    prompts = [f"Q:{i}+" + "1+" * ((engine.max_model_len - 24) // 2) + "1=?\n" for i in range(count)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    completions = engine.generate(prompts, params, seed=7)
+    assert sum(len(c.prompt_ids) for c in completions) > budget
+    assert all(len(c.token_ids) >= 1 for c in completions)
+    alone = engine.generate(prompts[-1:], params, seed=7 + (count - 1) * PROMPT_SEED_STRIDE)
+    assert alone[0].token_ids == completions[-1].token_ids
 
 
 def test_stop_strings_and_finish_reasons(policy_and_engine):

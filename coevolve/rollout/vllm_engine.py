@@ -15,7 +15,9 @@ truncated importance sampling (``train.tis_cap``) and logs the ratio, never as p
 On CUDA the engine takes ``gpu_memory_utilization`` of the GPU and, with ``sleep``, frees its weights and
 KV cache after each call (vLLM's sleep mode), waking for the next one, so the trainer has the memory while
 it updates. On CPU the KV cache is ``kv_cache_gib``; vLLM's CPU worker replaces ``torch.set_num_threads``
-with a no-op and seeds the global RNGs when it starts, so both are restored around engine creation.
+with a no-op and seeds the global RNGs when it starts, so both are restored around engine creation. On CPU every
+prompt is prefilled whole (no chunked prefill): vLLM rewinds the generator of a seeded request prefilled in chunks,
+which a CPU generator does not support.
 """
 
 from __future__ import annotations
@@ -203,8 +205,10 @@ class VLLMRolloutEngine:
         if self.on_cuda:
             kwargs.update(gpu_memory_utilization=self.settings.gpu_memory_utilization,
                           enable_sleep_mode=self.settings.sleep)
-        else:
-            kwargs.update(kv_cache_memory_bytes=int(self.settings.kv_cache_gib * (1 << 30)))
+        else:  # whole prefills: vLLM rewinds the generator of a seeded request prefilled in chunks, which a CPU
+            # generator cannot do; a request that does not fit a step's token budget waits for the next step
+            kwargs.update(kv_cache_memory_bytes=int(self.settings.kv_cache_gib * (1 << 30)),
+                          enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_model_len, 4096))
         started = time.perf_counter()
         with _preserved_process_state():
             try:
