@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from coevolve import distributed
 from coevolve.config import RunConfig, to_yaml
+from coevolve.grading.guard import pop_bound_counts
 from coevolve.recipes.base import Recipe
 from coevolve.store import RunStore, atomic_write_text, dumps
 
@@ -48,6 +49,7 @@ def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: in
     row = {f"eval/{name}/accuracy": s["accuracy"] for name, s in summaries.items()}
     row["time/eval_s"] = time.perf_counter() - started
     row.update(recipe.engine_metrics())
+    row.update(pop_bound_counts())  # model text the evaluation's parsers refused (bounds/*)
     return row
 
 
@@ -105,6 +107,7 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
         out = recipe.step(step)
         out.metrics["time/step_s"] = time.perf_counter() - started
         out.metrics.update(recipe.engine_metrics())
+        out.metrics.update(pop_bound_counts())  # over-long or unparsable model text, votes over budget (bounds/*)
         if main:
             store.write_samples(step, out.samples)
         log_row(step, out.metrics)

@@ -24,8 +24,8 @@ def examples():
 def test_rendered_examples_match_regex_and_parse_as_valid(examples):
     from coevolve.recipes.dynamic_rl import parse_paper_question
     from coevolve.recipes.infuser import parse_generator_json
-    from coevolve.recipes.pasodoble import _PROBLEM
-    from coevolve.recipes.r_zero import _QUESTION_BLOCK
+    from coevolve.recipes.pasodoble import parse_proposal
+    from coevolve.recipes.r_zero import parse_questioner_output
     from coevolve.rewards.format import parse_teacher_output
     from coevolve.rollout import Completion
 
@@ -34,8 +34,8 @@ def test_rendered_examples_match_regex_and_parse_as_valid(examples):
         texts["dynamic_rl"] = texts["dynamic_rl"].split("Solution:")[0] + "Solution:"  # generation stops there
         for name, text in texts.items():
             assert re.fullmatch(FORMATS[name].regex, text), (name, text)
-        assert _QUESTION_BLOCK.search(texts["r_zero"]).group(1).strip() == " ".join(e.question.split())
-        assert _PROBLEM.search(texts["pasodoble"])
+        assert parse_questioner_output(texts["r_zero"]) == (" ".join(e.question.split()), e.answer)
+        assert parse_proposal(texts["pasodoble"]) == (" ".join(e.question.split()), e.answer)
         assert parse_generator_json(texts["infuser"]) == (" ".join(e.question.split()), e.answer)
         assert parse_teacher_output(texts["opensir"]).valid
         assert parse_paper_question(Completion("", [], [], texts["dynamic_rl"], finish_reason="stop"))

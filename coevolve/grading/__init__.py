@@ -1,4 +1,5 @@
-"""Answer grading: final-answer extraction, equivalence (math-verify behind a hard timeout), majority vote."""
+"""Answer grading: final-answer extraction, equivalence (math-verify behind a hard timeout), majority vote, and the
+guard every parser of model text wears."""
 
 from .equivalence import (
     MAX_VERIFY_CHARS,
@@ -18,11 +19,14 @@ from .extract import (
     extract_hash_answer,
     extract_prefixed,
     extract_tagged,
+    tag_blocks,
     unwrap_text,
 )
+from .guard import MAX_TEXT_CHARS, parses_model_text, pop_bound_counts
 from .vote import VoteResult, majority_vote
 
 __all__ = [
+    "MAX_TEXT_CHARS",
     "MAX_VERIFY_CHARS",
     "VoteResult",
     "answers_equivalent",
@@ -38,7 +42,10 @@ __all__ = [
     "fast_equivalent",
     "majority_vote",
     "normalize_answer",
+    "parses_model_text",
+    "pop_bound_counts",
     "shutdown_worker",
+    "tag_blocks",
     "unwrap_text",
     "verify_equivalent",
 ]

@@ -1,13 +1,17 @@
-"""Final-answer extraction from model completions.
+"""Final-answer extraction from model completions, and the linear tag scan the recipes' parsers share.
 
 Every function takes arbitrary (possibly hostile) text and runs in linear time: searches are literal
 ``rfind`` calls or regexes without nested or adjacent ambiguous quantifiers, and the only pattern that
-inspects free text around a keyword does so inside a bounded window.
+inspects free text around a keyword does so inside a bounded window. The extractors are guarded
+(:func:`coevolve.grading.guard.parses_model_text`): over-long text or any exception gives None.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Iterator
+
+from .guard import parses_model_text
 
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # A backslash escapes the next character (so "\{" and "\}" are not grouping braces, "\\{" is).
@@ -26,6 +30,7 @@ _LONE_LETTER = re.compile(r"[(\[*$]*([A-Z])[)\].:*$]*")
 _PARENTHESISED_LETTER = re.compile(r"\(([A-Z])\)")
 
 
+@parses_model_text()
 def extract_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{..}`` / ``\\boxed {..}`` / ``\\fbox{..}``, braces matched.
 
@@ -57,6 +62,7 @@ def unwrap_text(text: str) -> str:
     return _TEXT_WRAPPER.sub(r"\1", text)
 
 
+@parses_model_text()
 def extract_hash_answer(text: str) -> str | None:
     """GSM8K-style answer after the last ``####``, without commas, whitespace or a trailing period."""
     start = text.rfind("####")
@@ -65,6 +71,7 @@ def extract_hash_answer(text: str) -> str | None:
     return _rest_of_line(text, start + 4).replace(",", "").strip().rstrip(".").strip() or None
 
 
+@parses_model_text()
 def extract_tagged(text: str, tag: str = "answer") -> str | None:
     """Content of the last ``<tag>...</tag>`` pair (case-sensitive), stripped; None if absent or empty."""
     open_tag, close_tag = f"<{tag}>", f"</{tag}>"
@@ -77,6 +84,7 @@ def extract_tagged(text: str, tag: str = "answer") -> str | None:
     return text[start + len(open_tag) : end].strip() or None
 
 
+@parses_model_text()
 def extract_prefixed(text: str, prefix: str = "A:") -> str | None:
     """Value after ``prefix`` on the last line that starts with it (leading spaces ignored)."""
     last = _last_match(re.compile(r"^[^\S\n]*" + re.escape(prefix), re.MULTILINE), text)
@@ -85,6 +93,7 @@ def extract_prefixed(text: str, prefix: str = "A:") -> str | None:
     return _rest_of_line(text, last.end()).strip() or None
 
 
+@parses_model_text()
 def extract_answer_phrase(text: str) -> str | None:
     """Value after the last "answer is" / "answer:", up to the end of its sentence or line."""
     last = _last_match(_ANSWER_IS, text)
@@ -104,7 +113,36 @@ def extract_choice(text: str, n_choices: int = 10) -> str | None:
     """
     if not 1 <= n_choices <= 26:
         raise ValueError(f"n_choices must be in 1..26, got {n_choices}")
-    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:n_choices]
+    return _extract_choice(text, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:n_choices])
+
+
+def extract_answer(text: str, kind: str = "math", n_choices: int = 10) -> str | None:
+    """Final answer of a completion; never raises on any ``text`` (non-strings give None).
+
+    kind "math": ``\\boxed{}``, then ``<answer>``, then ``####``, then an ``A:`` line, then "the answer is X".
+    kind "mcq": :func:`extract_choice`.
+    """
+    if kind not in ("math", "mcq"):
+        raise ValueError(f"unknown answer kind {kind!r}; expected 'math' or 'mcq'")
+    if kind == "mcq":
+        return extract_choice(text, n_choices)
+    return _extract_math(text)
+
+
+def tag_blocks(text: str, tag: str, ignore_case: bool = False) -> Iterator[tuple[int, int, int, int]]:
+    """(block start, content start, content end, block end) of each ``<tag>..</tag>`` block, as
+    ``re.finditer(r"<tag>(.*?)</tag>", re.DOTALL)`` finds them, in linear time (that regex is quadratic on many
+    opening tags without a closing one)."""
+    flags = re.IGNORECASE if ignore_case else 0
+    opening, closing = re.compile(re.escape(f"<{tag}>"), flags), re.compile(re.escape(f"</{tag}>"), flags)
+    pos = 0
+    while (start := opening.search(text, pos)) and (end := closing.search(text, start.end())):
+        yield start.start(), start.end(), end.start(), end.end()
+        pos = end.end()
+
+
+@parses_model_text()
+def _extract_choice(text: str, letters: str) -> str | None:
     for slot in (extract_boxed(text), extract_tagged(text)):
         letter = _slot_letter(slot, letters) if slot is not None else None
         if letter:
@@ -116,18 +154,8 @@ def extract_choice(text: str, n_choices: int = 10) -> str | None:
     return None
 
 
-def extract_answer(text: str, kind: str = "math", n_choices: int = 10) -> str | None:
-    """Final answer of a completion; never raises on any ``text`` (non-strings give None).
-
-    kind "math": ``\\boxed{}``, then ``<answer>``, then ``####``, then an ``A:`` line, then "the answer is X".
-    kind "mcq": :func:`extract_choice`.
-    """
-    if kind not in ("math", "mcq"):
-        raise ValueError(f"unknown answer kind {kind!r}; expected 'math' or 'mcq'")
-    if not isinstance(text, str):
-        return None
-    if kind == "mcq":
-        return extract_choice(text, n_choices)
+@parses_model_text()
+def _extract_math(text: str) -> str | None:
     for extractor in (extract_boxed, extract_tagged, extract_hash_answer, extract_prefixed, extract_answer_phrase):
         answer = extractor(text)
         if answer is not None:

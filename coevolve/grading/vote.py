@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .equivalence import fast_equivalent, normalize_answer, verify_equivalent
+from .guard import VOTE_OVER_BUDGET, count_bound
 
 Equivalence = Callable[[str, str], bool]
+# Seconds of slow comparisons one vote may start (math-verify's 5 s timeout per pair would let 8 distinct answers that
+# each time out take 140 s).
+VOTE_BUDGET_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -32,14 +37,21 @@ class VoteResult:
     agree: list[bool]
 
 
-def majority_vote(answers: Sequence[str | None], equivalent: Equivalence | None = verify_equivalent) -> VoteResult:
+def majority_vote(answers: Sequence[str | None], equivalent: Equivalence | None = verify_equivalent,
+                  budget_s: float = VOTE_BUDGET_S) -> VoteResult:
     """Group answers into equivalence classes and pick the largest.
 
     Each new answer is compared with one representative (the first member) per class: first with the
     exact fast path for every class, then with ``equivalent(answer, representative)`` only for the classes
     the fast path could not decide. ``equivalent=None`` uses the fast path alone. Answers that are None or
     empty after normalisation are missing: they never form or win a class.
+
+    No slow comparison starts after ``budget_s`` seconds of the vote: the rest are decided by the fast path alone
+    (undecided pairs count as different), and the vote counts once in ``bounds/vote_over_budget``. A vote so takes
+    at most ``budget_s`` plus one comparison's timeout.
     """
+    deadline = time.monotonic() + budget_s
+    skipped_slow = False
     representatives: list[str] = []
     sizes: list[int] = []
     class_of_key: dict[str, int] = {}
@@ -50,7 +62,8 @@ def majority_vote(answers: Sequence[str | None], equivalent: Equivalence | None 
             classes.append(-1)
             continue
         if key not in class_of_key:
-            found = _find_class(answer, representatives, equivalent)
+            found, skipped = _find_class(answer, representatives, equivalent, deadline)
+            skipped_slow |= skipped
             if found is None:
                 representatives.append(answer)
                 sizes.append(0)
@@ -59,6 +72,8 @@ def majority_vote(answers: Sequence[str | None], equivalent: Equivalence | None 
         sizes[class_of_key[key]] += 1
         classes.append(class_of_key[key])
 
+    if skipped_slow:
+        count_bound(VOTE_OVER_BUDGET)
     n, n_valid = len(classes), sum(sizes)
     if not sizes:
         return VoteResult(None, 0, n, 0, 0.0, classes, [False] * n)
@@ -74,17 +89,21 @@ def majority_vote(answers: Sequence[str | None], equivalent: Equivalence | None 
     )
 
 
-def _find_class(answer: str, representatives: list[str], equivalent: Equivalence | None) -> int | None:
-    """Index of the first class the answer belongs to, trying every fast verdict before any slow one."""
+def _find_class(answer: str, representatives: list[str], equivalent: Equivalence | None,
+                deadline: float) -> tuple[int | None, bool]:
+    """Index of the first class the answer belongs to, trying every fast verdict before any slow one (none after
+    ``deadline``), and whether a slow comparison was skipped for the deadline."""
     undecided = []
     for index, representative in enumerate(representatives):
         verdict = fast_equivalent(answer, representative)
         if verdict:
-            return index
+            return index, False
         if verdict is None:
             undecided.append(index)
     if equivalent is not None:
         for index in undecided:
+            if time.monotonic() >= deadline:
+                return None, True
             if equivalent(answer, representatives[index]):
-                return index
-    return None
+                return index, False
+    return None, False

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from coevolve.grading.equivalence import verify_equivalent
+from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
                                    step_seed, train_samples)
@@ -107,13 +108,17 @@ def parse_paper_question(completion: Completion) -> ParsedQuestion | None:
 
     Malformed (None): no "Question:", an empty question, or cut off by the length limit before "Solution:".
     """
-    text = completion.text
+    return _paper_question(completion.text, completion.finish_reason == "length")
+
+
+@parses_model_text()
+def _paper_question(text: str, cut_off: bool) -> ParsedQuestion | None:
     start = text.find(QUESTION_MARK)
     if start < 0:
         return None
     body = text[start + len(QUESTION_MARK):]
     end = body.find(SOLUTION_MARK)
-    if end < 0 and completion.finish_reason == "length":
+    if end < 0 and cut_off:
         return None
     question = (body if end < 0 else body[:end]).strip()
     return ParsedQuestion(question) if question else None

@@ -81,7 +81,8 @@ from pydantic import Field
 from scipy.stats import spearmanr
 
 from coevolve.documents import DocumentPool, dev_set, load_documents, tokenizer_counter
-from coevolve.grading.extract import braces_balanced
+from coevolve.grading.extract import braces_balanced, tag_blocks
+from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
                                    step_seed, train_samples)
 from coevolve.rl.advantages import compute_advantages, dr_grpo_advantages, nonzero_variance_mask
@@ -105,7 +106,6 @@ machine-verifiable answer. Combine several ideas from the document; avoid single
 Output exactly one JSON object, placed last in your response, with the keys "question_text" (the question) and \
 "ground_truth" (a single concise mathematical answer: no units, no prose, no \\boxed{{}}). If the document is not \
 complex enough, return empty strings for both keys."""
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _FENCE = re.compile(r"```(?:json)?")
 # A backslash that JSON would misread: LaTeX commands (\frac is not a form feed) and invalid escapes; escaped
 # backslashes are matched first so they stay as they are.
@@ -123,9 +123,15 @@ _PAPER_SCALE = {
 }
 
 
+@parses_model_text()
 def parse_generator_json(text: str) -> tuple[str, str] | None:
-    """(question_text, ground_truth) of the last JSON object in ``text`` that has both, non-empty (spec §6.1)."""
-    text = _FENCE.sub("", _THINK.sub("", text))
+    """(question_text, ground_truth) of the last JSON object in ``text`` that has both, non-empty (spec §6.1), outside
+    ``<think>`` blocks and code fences."""
+    kept, pos = [], 0
+    for start, _, _, end in tag_blocks(text, "think"):
+        kept.append(text[pos:start])
+        pos = end
+    text = _FENCE.sub("", "".join(kept) + text[pos:])
     found = None
     depth, start = 0, -1
     for i, ch in enumerate(text):

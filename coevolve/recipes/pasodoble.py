@@ -70,14 +70,14 @@ answers: Bernoulli(0.5), partial = 0 without an answer; p comes from the random 
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import Field
 
 from coevolve.documents import DocumentPool, load_documents, tokenizer_counter
-from coevolve.grading.extract import extract_boxed
+from coevolve.grading.extract import extract_boxed, tag_blocks
+from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
                                    step_seed, train_samples)
 from coevolve.rewards.pasodoble import DiversityGate, JaccardHistory, LeakMode, leaks_answer, proposer_reward
@@ -96,7 +96,6 @@ PROPOSER_PROMPT = (
     "check inside <answer>...</answer>, with the final answer in \\boxed{{}} inside the answer section.\n\n"
     "{knowledge}Now write one problem and its answer.")
 KNOWLEDGE = "External knowledge: {passage}\n\n"
-_PROBLEM = re.compile(r"<problem>(.*?)</problem>", re.DOTALL)
 _THINK_END = "</think>"
 
 
@@ -188,6 +187,16 @@ class Buffered:
     used: int = 0
     prev_acc: float = 0.0
     stale: int = 0
+
+
+@parses_model_text(invalid=(None, None))
+def parse_proposal(text: str) -> tuple[str | None, str | None]:
+    """(q, a*) of a chat Proposer completion after its last ``</think>``: the first ``<problem>`` block and the last
+    ``\\boxed{}`` (spec §6.1-6.2); None where missing."""
+    after = text[text.rfind(_THINK_END) + len(_THINK_END):] if _THINK_END in text else text
+    block = next(tag_blocks(after, "problem"), None)
+    question = after[block[1]:block[2]].strip() if block else ""
+    return question or None, extract_boxed(after)
 
 
 @register
@@ -387,10 +396,7 @@ class PasoDoble(Recipe):
         if self.arith:
             parsed = arith.parse_question(text, self.style, passage)
             return (parsed.question, parsed.answer) if parsed else (None, None)
-        after = text[text.rfind(_THINK_END) + len(_THINK_END):] if _THINK_END in text else text
-        match = _PROBLEM.search(after)
-        question = match.group(1).strip() if match else ""
-        return question or None, extract_boxed(after)
+        return parse_proposal(text)
 
     def solver_doc(self, passage: str | None) -> str | None:
         """What the Solver sees besides the question: the fact sheet in the arithmetic world, nothing otherwise."""

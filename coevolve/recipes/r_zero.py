@@ -71,14 +71,14 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from coevolve.grading.equivalence import answers_equivalent, verify_equivalent
-from coevolve.grading.extract import extract_boxed
+from coevolve.grading.extract import extract_boxed, tag_blocks
+from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.models import Policy
 from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
@@ -105,8 +105,6 @@ QUESTIONER_PROMPT = (
     "Do NOT output anything else.\n\n"
     "Generate one new, challenging reasoning question now. Remember to format the output exactly as instructed."
 )
-_QUESTION_BLOCK = re.compile(r"<question>(.*?)</question>", re.DOTALL)
-_THINK_FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
 
 # The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU).
 _PAPER_SCALE = {
@@ -216,6 +214,26 @@ class PoolItem:
     label: str
     p: float
     question_id: str
+
+
+@parses_model_text(invalid=(None, None))
+def parse_questioner_output(text: str) -> tuple[str | None, str | None]:
+    """(q, the questioner's answer) from the last ``<question>`` block and the last ``\\boxed{}``; q is None unless both
+    are there (spec §6.6)."""
+    blocks = list(tag_blocks(text, "question"))
+    question = text[blocks[-1][1]:blocks[-1][2]].strip() if blocks else None
+    answer = extract_boxed(text)
+    return (question if question and answer else None), answer
+
+
+@parses_model_text(invalid=False)
+def has_think_format(text: str) -> bool:
+    """The code's solver format ``<think>..</think>..\\boxed{..}..`` (the whole stripped text), checked in linear time
+    (as a regex with three ``.*`` it is cubic)."""
+    text = text.strip()
+    think_end = text.find("</think>", len("<think>")) if text.startswith("<think>") else -1
+    box = text.find("\\boxed{", think_end + len("</think>")) if think_end >= 0 else -1
+    return box >= 0 and text.find("}", box + len("\\boxed{")) >= 0
 
 
 @register
@@ -399,7 +417,7 @@ class RZero(Recipe):
     def solver_terms(self, completion: Completion, answer: str | None, label: str) -> dict[str, float]:
         """Agreement with the majority label, and the code's <think>..</think>..\\boxed{} format."""
         agree = answers_equivalent(answer, label, use_math_verify=not self.arith)
-        return {"agree": float(agree), "format": float(_THINK_FORMAT.fullmatch(completion.text.strip()) is not None)}
+        return {"agree": float(agree), "format": float(has_think_format(completion.text))}
 
     # --- shared pieces ----------------------------------------------------------------------------
     def read_question(self, output: Completion) -> Question:
@@ -408,9 +426,8 @@ class RZero(Recipe):
         if self.arith:
             parsed = arith.parse_question(output.text, self.style)
             return Question(output, parsed.question if parsed else None, parsed.answer if parsed else None)
-        blocks = _QUESTION_BLOCK.findall(output.text)
-        text, answer = (blocks[-1].strip() if blocks else None), extract_boxed(output.text)
-        return Question(output, text if text and answer else None, answer)
+        text, answer = parse_questioner_output(output.text)
+        return Question(output, text, answer)
 
     def solver_prompt(self, question: str) -> str:
         return self.solver_policy.format_prompt(self.task.solver_prompt(question, None, self.style))

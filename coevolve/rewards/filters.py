@@ -23,10 +23,13 @@ LEAK_MARKERS: tuple[str, ...] = ("Solution:", "Answer:", "\\boxed{", "The final 
 _PROOF = re.compile(r"\bprove", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
 _REQUEST = r"(?:find|determine|calculate|compute|what\s+is|what\s+are)"
-_PAIRED_NARROW = re.compile(rf"\b{_REQUEST}\b.*\band\s+(?:{_REQUEST}|the|its)\b", re.IGNORECASE)
-_PAIRED_BROAD = re.compile(r"\bfind\b.*\band\b", re.IGNORECASE)
-_ENUMERATION = re.compile(r"(?:^|\s)(?:1[.)]|\(1\)|\(a\)|a\))\s.*(?:^|\s)(?:2[.)]|\(2\)|\(b\)|b\))\s",
-                          re.IGNORECASE | re.DOTALL)
+# Each rule "A, later B" is two searches (B from where A ends) instead of one "A.*B" regex, which is quadratic in the
+# occurrences of A: (request, the rest of its line up to the pairing "and").
+_PAIRED_NARROW = (re.compile(rf"\b{_REQUEST}\b", re.IGNORECASE),
+                  re.compile(rf"[^\n]*?\band\s+(?:{_REQUEST}|the|its)\b", re.IGNORECASE))
+_PAIRED_BROAD = (re.compile(r"\bfind\b", re.IGNORECASE), re.compile(r"[^\n]*?\band\b", re.IGNORECASE))
+_FIRST_PART = re.compile(r"(?:^|\s)(?:1[.)]|\(1\)|\(a\)|a\))\s", re.IGNORECASE)
+_SECOND_PART = re.compile(r"\s(?:2[.)]|\(2\)|\(b\)|b\))\s", re.IGNORECASE)
 
 
 def is_proof(question: str) -> bool:
@@ -36,10 +39,23 @@ def is_proof(question: str) -> bool:
 
 def is_multi_part(question: str, broad: bool = False) -> bool:
     """Rule 2: several question marks, paired requests in one sentence, or an enumeration of parts."""
-    if question.count("?") >= 2 or _ENUMERATION.search(question + " "):
+    first = _FIRST_PART.search(question + " ")
+    if question.count("?") >= 2 or (first and _SECOND_PART.search(question + " ", first.end())):
         return True
-    paired = _PAIRED_BROAD if broad else _PAIRED_NARROW
-    return any(paired.search(sentence) for sentence in _SENTENCE_END.split(question))
+    request, pairing = _PAIRED_BROAD if broad else _PAIRED_NARROW
+    return any(_paired(sentence, request, pairing) for sentence in _SENTENCE_END.split(question))
+
+
+def _paired(sentence: str, request: re.Pattern[str], pairing: re.Pattern[str]) -> bool:
+    """Whether a request is followed on its line by the pairing "and ..." (one pairing search per line)."""
+    pos = 0
+    while found := request.search(sentence, pos):
+        if pairing.match(sentence, found.end()):
+            return True
+        pos = sentence.find("\n", found.end()) + 1
+        if pos == 0:
+            return False
+    return False
 
 
 def leaks_solution(question: str) -> bool:

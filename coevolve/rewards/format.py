@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from coevolve.grading.extract import extract_boxed
+from coevolve.grading.extract import extract_boxed, tag_blocks
+from coevolve.grading.guard import parses_model_text
 
 TeacherRules = Literal["paper", "code"]
 StudentFormat = Literal["boxed", "phrase"]
@@ -32,12 +33,7 @@ MAX_CONCEPTS = 3
 CODE_MIN_PROBLEM_CHARS = 10
 CODE_MIN_CONCEPT_CHARS = 10
 
-_FLAGS = re.DOTALL | re.IGNORECASE
-_PROBLEM = re.compile(r"<problem>(.*?)</problem>", _FLAGS)
-_QUESTION = re.compile(r"<question>(.*?)</question>", _FLAGS)
-_CONCEPTS = re.compile(r"<concepts>(.*?)</concepts>", _FLAGS)
-_THINK = re.compile(r"<think>.*?</think>", _FLAGS)
-_FINAL_PHRASE = re.compile(r"Therefore, the final answer is: \$?\\boxed\{(.+)\}\$?")
+_FINAL_PHRASE = re.compile(r"Therefore, the final answer is: \$?\\boxed\{")
 
 
 @dataclass(frozen=True)
@@ -50,17 +46,22 @@ class TeacherOutput:
     format_score: float
 
 
-def _first(pattern: re.Pattern[str], text: str) -> str | None:
-    match = pattern.search(text)
-    return match.group(1).strip() if match else None
+def _first(tag: str, text: str) -> str | None:
+    """Content of the first ``<tag>..</tag>`` block (tags in any case), stripped; None if there is none."""
+    block = next(tag_blocks(text, tag, ignore_case=True), None)
+    return text[block[1]:block[2]].strip() if block else None
 
 
+_INVALID = TeacherOutput(None, (), False, 0.0)
+
+
+@parses_model_text(invalid=_INVALID)
 def parse_teacher_output(text: str, rules: TeacherRules = "paper") -> TeacherOutput:
     """Read ``<problem>`` and ``<concepts>`` from a teacher completion and score its format (§2.3.1)."""
-    problem = _first(_PROBLEM, text)
+    problem = _first("problem", text)
     if problem is None and rules == "paper":
-        problem = _first(_QUESTION, text)
-    raw_concepts = _first(_CONCEPTS, text)
+        problem = _first("question", text)
+    raw_concepts = _first("concepts", text)
     invalid = TeacherOutput(problem or None, (), False, 0.0)
     if not problem or raw_concepts is None:
         return invalid
@@ -75,14 +76,29 @@ def parse_teacher_output(text: str, rules: TeacherRules = "paper") -> TeacherOut
     concepts = tuple(c for c in items if len(c) >= CODE_MIN_CONCEPT_CHARS)
     if not concepts:
         return invalid
-    return TeacherOutput(problem, concepts, True, float(_THINK.search(text) is not None))
+    return TeacherOutput(problem, concepts, True, float(_first("think", text) is not None))
 
 
+@parses_model_text(invalid=0.0)
 def student_format_score(completion: str, rule: StudentFormat = "boxed") -> float:
     """score_fom^S (Eq. 6): 1 if the final answer is presented as ``rule`` asks, else 0."""
     if rule == "boxed":
         return float(extract_boxed(completion) is not None)
-    return float(_FINAL_PHRASE.search(completion) is not None)
+    return float(_has_final_phrase(completion))
+
+
+def _has_final_phrase(text: str) -> bool:
+    """Whether a line holds ``Therefore, the final answer is: $\\boxed{..}`` with something before a later ``}`` (the
+    regex ``..\\boxed\\{(.+)\\}`` in linear time: one look for a ``}`` per line, from its first phrase)."""
+    checked_to = -1  # end of the last line searched: a later phrase on it finds no "}" either
+    for match in _FINAL_PHRASE.finditer(text):
+        if match.start() < checked_to:
+            continue
+        end = text.find("\n", match.end())
+        checked_to = len(text) if end < 0 else end
+        if text.find("}", match.end() + 1, checked_to) >= 0:
+            return True
+    return False
 
 
 def length_score(mean_length: float, l_base: float = 1000.0, l_cap: float | None = 1000.0) -> float:

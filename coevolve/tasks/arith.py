@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from coevolve.grading.extract import extract_boxed, extract_prefixed
+from coevolve.grading.guard import parses_model_text
 
 FORMAT_VERSION = 2  # bump when a format, the generator or the held-out sets change
 LEVELS = (1, 2, 3, 4, 5, 6)
@@ -488,6 +489,11 @@ def parse_question(completion: str, style: str = "compact", doc: str | None = No
     Compact: the first line must be ``Q:<question>``; chat: the text after the last ``Question:``.
     """
     _check_style(style)
+    return _parse_question(completion, style, doc)
+
+
+@parses_model_text()
+def _parse_question(completion: str, style: str, doc: str | None) -> ParsedQuestion | None:
     if style == "compact":
         lines = completion.strip().splitlines()
         if not lines or not lines[0].startswith("Q:"):

@@ -1,0 +1,140 @@
+"""Faults a run must survive: hostile model text in every recipe's parsers, slow answer votes, damaged checkpoints and
+run files. ``bench/faults.py`` runs larger randomized versions of these probes."""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+
+import pytest
+
+from coevolve.grading import MAX_TEXT_CHARS, extract_answer, majority_vote, pop_bound_counts, tag_blocks
+from coevolve.grading.guard import PARSE_ERROR, TEXT_TOO_LONG, VOTE_OVER_BUDGET
+from coevolve.recipes.dynamic_rl import parse_paper_question
+from coevolve.recipes.infuser import parse_generator_json
+from coevolve.recipes.pasodoble import parse_proposal
+from coevolve.recipes.r_zero import has_think_format, parse_questioner_output
+from coevolve.rewards.filters import filter_reasons, is_multi_part
+from coevolve.rewards.format import _has_final_phrase, parse_teacher_output, student_format_score
+from coevolve.rollout import Completion
+from coevolve.tasks import arith, math, mcq
+
+BOXED = "so \\boxed{5}"
+# Every parser of model text in the recipes: (parser, its "invalid output" value, a valid output).
+PARSERS = {
+    "extract_answer(math)": (extract_answer, None, BOXED),
+    "extract_answer(mcq)": (lambda t: extract_answer(t, "mcq", 4), None, "The answer is (B)."),
+    "math.parse_answer": (math.parse_answer, None, BOXED),
+    "mcq.parse_answer": (lambda t: mcq.parse_answer(t, 4), None, "Answer: C"),
+    "arith.parse_answer(chat)": (lambda t: arith.parse_answer(t, "chat"), None, BOXED),
+    "arith.parse_question(compact)": (arith.parse_question, None, "Q:2+3\nA:5"),
+    "arith.parse_question(chat)": (lambda t: arith.parse_question(t, "chat", "a=3,b=4"), None, "Question: a+b"),
+    "dynamic_rl": (lambda t: parse_paper_question(Completion("", [], [], t, finish_reason="stop")), None,
+                   "Question: What is 2+3?\nSolution: 5"),
+    "opensir teacher": (lambda t: parse_teacher_output(t, "code").problem, None,
+                        "<think>t</think><problem>What is 12 + 30?</problem><concepts>integer addition</concepts>"),
+    "opensir student": (lambda t: student_format_score(t, "phrase"), 0.0, "Therefore, the final answer is: \\boxed{5}"),
+    "r_zero questioner": (parse_questioner_output, (None, None), "<question>What is 2+3?</question> \\boxed{5}"),
+    "r_zero solver format": (has_think_format, False, "<think>2+3=5</think> \\boxed{5}"),
+    "pasodoble proposer": (parse_proposal, (None, None), "<problem>What is 2+3?</problem><answer>\\boxed{5}</answer>"),
+    "infuser generator": (parse_generator_json, None, '{"question_text": "What is 2+3?", "ground_truth": "5"}'),
+}
+
+N = 60_000  # characters of each slow-regex probe (under MAX_TEXT_CHARS): the regexes replaced took 3 s to minutes
+HOSTILE = {
+    "nested json": '{"question_text": "Q?", "ground_truth": ' + "[" * 5000 + "]" * 5000 + "}",
+    "huge json integer": '{"question_text": "Q?", "ground_truth": ' + "7" * 5000 + "}",
+    "think format": "<think>" + "</think>\\boxed{" * (N // 15),
+    "open question tags": "<question>" * (N // 10),
+    "open problem tags": "<PROBLEM>" * (N // 9),
+    "open think tags": "<think>" * (N // 7),
+    "requests": "find " * (N // 5),
+    "enumeration": " 1. " * (N // 4),
+    "final phrases": "Therefore, the final answer is: \\boxed{" * (N // 40),
+    "boxes": "\\boxed{" * (N // 7),
+    "braces": "{" * N,
+    "nul and surrogates": "\x00\ud800\udfff" * 1000 + "Question: 1+2\nQ:3*4",
+}
+
+
+@pytest.mark.parametrize("probe", sorted(HOSTILE))
+def test_every_parser_reads_hostile_text_quickly_without_raising(probe):
+    text = HOSTILE[probe]
+    parsers = {name: parse for name, (parse, _, _) in PARSERS.items()}
+    parsers["dynamic_rl filters"] = lambda t: filter_reasons(t, broad_multi_part=True)  # run on a parsed question
+    for name, parse in parsers.items():
+        started = time.perf_counter()
+        parse(text)  # never raises
+        assert time.perf_counter() - started < 1.0, (name, probe)
+
+
+def test_deep_json_and_huge_integers_are_invalid_outputs_and_counted():
+    pop_bound_counts()
+    assert parse_generator_json(HOSTILE["nested json"]) is None  # RecursionError inside json
+    assert parse_generator_json(HOSTILE["huge json integer"]) is None  # ValueError: int of more than 4,300 digits
+    assert pop_bound_counts()[PARSE_ERROR] == 2
+    assert parse_generator_json('{"question_text": "Q?", "ground_truth": 7}') == ("Q?", "7")
+
+
+def test_over_long_text_is_an_invalid_output_of_every_parser_and_counted():
+    pop_bound_counts()
+    for name, (parse, invalid, valid) in PARSERS.items():
+        assert parse(valid) != invalid, name
+        assert parse(valid + " " * (MAX_TEXT_CHARS + 1 - len(valid))) == invalid, name
+    assert pop_bound_counts()[TEXT_TOO_LONG] == len(PARSERS)
+
+
+def _random_text(rng: random.Random, pieces: list[str], n: int) -> str:
+    return "".join(rng.choice(pieces) for _ in range(rng.randint(0, n)))
+
+
+def test_linear_rewrites_agree_with_the_regexes_they_replace():
+    """The old patterns, checked on short random texts where their run time does not matter."""
+    rng = random.Random(0)
+    tags = ["<question>", "</question>", "<Question>", "</QUESTION>", "<think>", "</think>", "\\boxed{", "}", "a", "\n"]
+    think = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
+    for _ in range(3000):
+        text = _random_text(rng, tags, 10)
+        for ignore_case in (False, True):
+            old = re.compile(r"<question>(.*?)</question>", re.DOTALL | (re.IGNORECASE if ignore_case else 0))
+            assert [m.span(1) for m in old.finditer(text)] == [
+                (start, end) for _, start, end, _ in tag_blocks(text, "question", ignore_case)]
+        assert has_think_format(text) == (think.fullmatch(text.strip()) is not None)
+    phrase = re.compile(r"Therefore, the final answer is: \$?\\boxed\{(.+)\}\$?")
+    words = ["Therefore, the final answer is: ", "$", "\\boxed{", "}", "x", "\n"]
+    for _ in range(3000):
+        text = _random_text(rng, words, 8)
+        assert _has_final_phrase(text) == (phrase.search(text) is not None), text
+    request = r"(?:find|determine|calculate|compute|what\s+is|what\s+are)"
+    narrow = re.compile(rf"\b{request}\b.*\band\s+(?:{request}|the|its)\b", re.IGNORECASE)
+    broad = re.compile(r"\bfind\b.*\band\b", re.IGNORECASE)
+    enumeration = re.compile(r"(?:^|\s)(?:1[.)]|\(1\)|\(a\)|a\))\s.*(?:^|\s)(?:2[.)]|\(2\)|\(b\)|b\))\s",
+                             re.IGNORECASE | re.DOTALL)
+    words = ["find", "Find", "what", "is", "and", "the", "its", "x", " ", " ", "\n", "1.", "2)", "(a)", "(b)", "a)"]
+    for _ in range(3000):
+        text = _random_text(rng, words, 12)
+        for paired, is_broad in ((narrow, False), (broad, True)):
+            old = (text.count("?") >= 2 or enumeration.search(text + " ") is not None
+                   or any(paired.search(s) for s in re.split(r"(?<=[.?!])\s+", text)))
+            assert is_multi_part(text, is_broad) == old, text
+
+
+def test_a_vote_over_slow_answers_stops_comparing_at_its_budget():
+    calls = []
+
+    def slow(a: str, b: str) -> bool:  # like math-verify timing out on every pair
+        calls.append((a, b))
+        time.sleep(0.02)
+        return False
+
+    answers = [f"x+{i}" for i in range(8)]  # 8 distinct answers the fast path cannot tell apart: 28 slow pairs
+    pop_bound_counts()
+    started = time.perf_counter()
+    vote = majority_vote(answers, slow, budget_s=0.1)
+    assert time.perf_counter() - started < 0.1 + 0.02 + 0.5
+    assert len(calls) < 28
+    assert vote.n_valid == 8 and vote.support == 1  # the pairs not compared count as different
+    assert pop_bound_counts()[VOTE_OVER_BUDGET] == 1
+    assert majority_vote(answers, lambda a, b: False, budget_s=60).support == 1  # all 28 pairs compared in time
+    assert pop_bound_counts()[VOTE_OVER_BUDGET] == 0
