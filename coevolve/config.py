@@ -1,22 +1,29 @@
 """The run config: typed and validated; layered from recipe defaults, a preset, a YAML file and --set.
 
-Every key is checked: an unknown key or a wrong type raises ``ConfigError`` with one line that
-names the key, before anything is written.
+Every key is checked: an unknown key, a wrong type or a non-finite number raises ``ConfigError`` with one line that
+names the key, before anything is written. Config files and ``--set`` values are capped in size (YAML aliases
+expanded), so an alias bomb is one short error instead of a hang.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import re
+import reprlib
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 DEFAULT_TIS_CAP = 2.0  # rho_max of TIS when rollouts are not sampled from pi itself (INFUSER's 2.0; verl's value)
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(nan|inf)", re.IGNORECASE)
+MAX_CONFIG_BYTES = 1 << 20  # a resolved config.yaml is about 2 KB
+MAX_CONFIG_VALUES = 100_000  # scalars, lists and mappings, with YAML aliases expanded
+_SHORT = reprlib.Repr()  # the offending value in an error line, cut short
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 80, 80
 
 
 class ConfigError(ValueError):
@@ -24,7 +31,7 @@ class ConfigError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class VLLMConfig(Strict):
@@ -107,6 +114,16 @@ class RunConfig(Strict):
     keep_checkpoints: int = Field(2, gt=0)
     params: dict[str, Any] = {}
 
+    @field_validator("eval_sets")
+    @classmethod
+    def _known_sets(cls, sets: list[str] | None) -> list[str] | None:
+        from coevolve.evaluation.benchmarks import BENCHMARKS
+
+        unknown = [name for name in sets or [] if name not in BENCHMARKS]
+        if unknown:
+            raise ValueError(f"unknown evaluation set {unknown[0]!r} (known: {', '.join(BENCHMARKS)})")
+        return sets
+
     @model_validator(mode="after")
     def _behaviour_policy_mismatch_needs_tis(self) -> "RunConfig":
         """Rollouts not sampled from the trainer's pi need TIS (2.0 unless a cap is set): vLLM's log-probs are not the
@@ -140,6 +157,10 @@ def parse_set(assignments: list[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
+        except RecursionError:
+            raise ConfigError(f"--set {key}: value is nested too deeply") from None
+        if _count_values(value) > MAX_CONFIG_VALUES:
+            raise ConfigError(f"--set {key}: value expands to more than {MAX_CONFIG_VALUES} values (YAML aliases?)")
         if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
             value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
         node = nested
@@ -152,16 +173,49 @@ def parse_set(assignments: list[str]) -> dict[str, Any]:
     return nested
 
 
+def _count_values(data: Any) -> float:
+    """How many values ``data`` holds with YAML aliases expanded (each shared node is counted once per use but walked
+    once, so a billion-laughs document is counted in linear time); infinite for a node that contains itself."""
+    sizes: dict[int, float] = {}
+
+    def count(node: Any) -> float:
+        if not isinstance(node, (dict, list)):
+            return 1
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = math.inf  # until its children are counted: a recursive alias expands without end
+        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        sizes[id(node)] = 1 + sum(count(child) for child in children)
+        return sizes[id(node)]
+
+    return count(data)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config file as a mapping (one-line error if unreadable or not a mapping)."""
+    """Read a YAML config file as a mapping (one-line error if unreadable, too large, or not a mapping)."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a folder, not a YAML file") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB")
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise ConfigError(f"config file {path} is not valid YAML{where}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} is nested too deeply") from None
+    if _count_values(data) > MAX_CONFIG_VALUES:
+        raise ConfigError(f"config file {path} expands to more than {MAX_CONFIG_VALUES} values (YAML aliases?)")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -174,7 +228,7 @@ def _first_error(exc: ValidationError, prefix: str = "") -> str:
     key = prefix + ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         return f"unknown config key '{key}'"
-    return f"config key '{key}': {err['msg']} (got {err.get('input')!r})"
+    return f"config key '{key}': {err['msg'].removeprefix('Value error, ')} (got {_SHORT.repr(err.get('input'))})"
 
 
 def validate(raw: Mapping[str, Any], params_model: type[BaseModel]) -> tuple[RunConfig, BaseModel]:

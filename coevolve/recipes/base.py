@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Literal, Mapping, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,9 +31,12 @@ RECIPES: dict[str, type["Recipe"]] = {}
 
 
 class RecipeParams(BaseModel):
-    """Base of each recipe's ``params`` section (unknown keys are errors)."""
+    """Base of each recipe's ``params`` section (unknown keys and non-finite numbers are errors)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+ArithLevels = Annotated[list[Literal[1, 2, 3, 4, 5, 6]], Field(min_length=1)]  # levels of the arith world
 
 
 class GeneratorParams(RecipeParams):

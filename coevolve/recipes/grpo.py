@@ -19,8 +19,8 @@ import random
 from pydantic import Field
 
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
-from coevolve.recipes.base import (PhaseTimer, Recipe, RecipeParams, StepOutput, mean, register, role_metrics,
-                                   step_seed, train_samples)
+from coevolve.recipes.base import (ArithLevels, PhaseTimer, Recipe, RecipeParams, StepOutput, mean, register,
+                                   role_metrics, step_seed, train_samples)
 from coevolve.tasks.registry import get_task
 
 
@@ -29,7 +29,7 @@ class GRPOParams(RecipeParams):
     group_size: int = Field(8, gt=1, description="G, solutions per problem")
     advantage: str = Field("grpo", pattern="^(grpo|dr_grpo|dugrpo|batch_norm)$")
     drop_zero_variance: bool = Field(False, description="leave out groups whose rewards are all equal")
-    levels: list[int] = Field([1, 2, 3, 4], description="arith: difficulty levels of the training problems")
+    levels: ArithLevels = Field([1, 2, 3, 4], description="arith: difficulty levels of the training problems")
     train_split: str = Field("train", description="math: training file (gsm8k train)")
 
 

@@ -83,8 +83,8 @@ from scipy.stats import spearmanr
 from coevolve.documents import DocumentPool, dev_set, load_documents, tokenizer_counter
 from coevolve.grading.extract import braces_balanced, tag_blocks
 from coevolve.grading.guard import parses_model_text
-from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
-                                   step_seed, train_samples)
+from coevolve.recipes.base import (ArithLevels, GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register,
+                                   role_metrics, step_seed, train_samples)
 from coevolve.rl.advantages import compute_advantages, dr_grpo_advantages, nonzero_variance_mask
 from coevolve.rl.influence import DevGradient, dev_gradient, influence_scores, one_step_dev_gains
 from coevolve.rl.trainer import TrainSample
@@ -163,7 +163,7 @@ class InfuserParams(GeneratorParams):
     minibatch_prompts: int = Field(32, gt=0, description="M, documents (generator) or questions (solver) per step")
     dev_size: int = Field(800, gt=0, description="|𝒟_dev|, all used every iteration")
     dev_source: str | None = Field(None, description="math: 'math' (default) or 'gsm8k'; mcq: 'supergpqa'")
-    dev_levels: list[int] = Field([1, 2, 3, 4], min_length=1, description="arith: levels of the held-out dev slices")
+    dev_levels: ArithLevels = Field([1, 2, 3, 4], description="arith: levels of the held-out dev slices")
     dev_rollouts: int | None = Field(None, gt=1, description="solver rollouts per dev question (default n, as the "
                                                               "paper)")
     validity_every: int = Field(0, ge=0, description="every K steps, rank-correlate ŝ with the dev-reward change of "
