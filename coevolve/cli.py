@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 
@@ -15,9 +17,33 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Self-evolving reasoning: a generator writes questions, a solver learns to answer them.")
 
 
+MAX_ERROR_CHARS = 500
+
+
 def _fail(message: str, code: int = 1) -> None:
-    typer.echo(f"error: {message}", err=True)
+    """Print ``message`` as one ``error:`` line (newlines folded, at most MAX_ERROR_CHARS) and exit with ``code``."""
+    line = " ".join(str(message).splitlines())
+    if len(line) > MAX_ERROR_CHARS:
+        line = line[:MAX_ERROR_CHARS - 3] + "..."
+    typer.echo(f"error: {line}", err=True)
     raise typer.Exit(code)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that a run stops as on Ctrl-C."""
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM raises :class:`_Terminated`; the previous handler is restored after."""
+    def handler(signum, frame):
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @app.command()
@@ -37,7 +63,10 @@ def run(
     preset: Optional[str] = typer.Option(None, "--preset", help="named defaults shipped with the recipe"),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config file"),
     set_: list[str] = typer.Option([], "--set", help="override a key: --set train.lr=1e-4 (repeatable)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<recipe>-<time>)"),
+    out: Optional[str] = typer.Option(None, "--out", help="run directory: absent or empty (default "
+                                      "runs/<recipe>-<time>)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace the run in --out (removes only what a run "
+                                   "wrote there)"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this directory"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
     processes: int = typer.Option(1, "--processes", min=1, help="data-parallel processes on this machine "
@@ -46,18 +75,20 @@ def run(
     """Train with a recipe; everything the run produces goes to its run directory."""
     from coevolve import distributed
     from coevolve.config import ConfigError, check_runtime
-    from coevolve.loop import RunExistsError
+    from coevolve.evaluation.benchmarks import load_benchmark
     from coevolve.loop import run as run_loop
     from coevolve.models import ModelNotFoundError
     from coevolve.recipes import resolve, resolve_saved
     from coevolve.rollout.vllm_engine import EngineUnavailable, PromptTooLong, require_vllm
+    from coevolve.rundir import RunDirError, check_run_dir, claim_run_dir
     from coevolve.tasks.registry import TaskDataError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
+    try:  # everything that can be checked, before anything is written or loaded
         if resume is not None:
-            if not (resume / "config.yaml").exists():
-                _fail(f"{resume} is not a run directory (no config.yaml)", 2)
+            if overwrite:
+                _fail("--overwrite starts a new run; it does not combine with --resume", 2)
+            check_run_dir(resume, resume=True)
             cfg, params, cls = resolve_saved(str(resume / "config.yaml"), set_)
             if recipe is not None and recipe != cfg.recipe:
                 _fail(f"{resume} holds a {cfg.recipe} run, not {recipe}", 2)
@@ -65,34 +96,47 @@ def run(
         else:
             if recipe is None:
                 _fail("name a recipe (coevolve recipes lists them) or pass --resume DIR", 2)
+            if out is not None and not out.strip():
+                _fail("--out needs a folder name", 2)
             cfg, params, cls = resolve(recipe, preset=preset, config_file=str(config) if config else None, sets=set_)
-            out_dir = out or Path("runs") / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
-            if (out_dir / "config.yaml").exists():
-                _fail(f"{out_dir} already holds a run: use --resume {out_dir} or another --out", 2)
+            out_dir = Path(out) if out else Path("runs") / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+            check_run_dir(out_dir, overwrite=overwrite)
         world = processes if processes > 1 else int(os.environ.get("WORLD_SIZE", "1"))
         check_runtime(cfg, world)
         if cfg.rollout.engine == "vllm":
             require_vllm()
-    except ConfigError as exc:
+        for name in cls.data_sets(cfg, params):
+            load_benchmark(name, data_dir=cfg.data_dir)
+    except (ConfigError, RunDirError, EngineUnavailable) as exc:
         _fail(str(exc), 2)
-    except EngineUnavailable as exc:
-        _fail(str(exc), 2)
+    except KeyError as exc:  # a recipe's data set name (params.train_split, params.dev_source) that is not a set
+        _fail(str(exc).strip("'\""), 2)
+    except FileNotFoundError as exc:  # a benchmark file, with what to pass
+        _fail(str(exc))
     if processes > 1 and not distributed.launched_distributed():
         _launch_ranks(processes, out_dir)
         return
+    single = not distributed.launched_distributed()  # under a launcher, the launcher handles SIGTERM
     try:
-        distributed.init_from_env(distributed.device_for(cfg.device))
-        instance = cls(cfg, params)
-        if distributed.is_main():
-            typer.echo(f"run directory: {out_dir}", err=True)
-        summary = run_loop(instance, cfg, out_dir, resume=resume is not None, progress=not quiet)
-    except ConfigError as exc:
+        with _sigterm_as_interrupt() if single else nullcontext():
+            distributed.init_from_env(distributed.device_for(cfg.device))
+            main = distributed.is_main()  # rank 0 alone writes the run directory
+            with claim_run_dir(out_dir, resume=resume is not None, overwrite=overwrite) if main else nullcontext():
+                instance = cls(cfg, params)
+                if main:
+                    typer.echo(f"run directory: {out_dir}", err=True)
+                summary = run_loop(instance, cfg, out_dir, resume=resume is not None, progress=not quiet)
+    except (ConfigError, RunDirError) as exc:
         _fail(str(exc), 2)
-    except (ModelNotFoundError, TaskDataError, RunExistsError, EngineUnavailable, PromptTooLong,
+    except (ModelNotFoundError, TaskDataError, EngineUnavailable, PromptTooLong, FileNotFoundError,
             distributed.DistributedSetupError) as exc:
-        _fail(str(exc))
-    except KeyboardInterrupt:
-        _fail(f"interrupted; continue with: coevolve run --resume {out_dir}", 130)
+        resumable = resume is None and (out_dir / "config.yaml").exists()
+        _fail(f"{exc}; the run directory is kept: continue with --resume {out_dir}" if resumable else str(exc))
+    except KeyboardInterrupt as exc:
+        code = 143 if isinstance(exc, _Terminated) else 130
+        if not (out_dir / "config.yaml").exists():
+            _fail("interrupted before the run started", code)
+        _fail(f"interrupted; continue with: coevolve run --resume {out_dir}", code)
     if not distributed.is_main():
         return
     final = summary.get("final_eval") or {}
@@ -123,7 +167,8 @@ def _launch_ranks(processes: int, out_dir: Path) -> None:
 def sft(
     recipe: str = typer.Argument(..., help="recipe whose generator output format to teach (see `coevolve recipes`)"),
     set_: list[str] = typer.Option([], "--set", help="override a warm-up key: --set steps=60 (repeatable)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="output folder (default runs/sft-<recipe>-<time>)"),
+    out: Optional[str] = typer.Option(None, "--out", help="output folder, absent or empty (default "
+                                      "runs/sft-<recipe>-<time>)"),
     quiet: bool = typer.Option(False, "--quiet", help="no per-step loss lines"),
 ) -> None:
     """Format warm-up: fine-tune a generator on GSM8K-train problems written in the recipe's output format; start a
@@ -133,7 +178,11 @@ def sft(
     from coevolve.models import ModelNotFoundError
     from coevolve.sft import resolve_sft, run_sft
 
-    out_dir = out or Path("runs") / f"sft-{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out is not None and not out.strip():
+        _fail("--out needs a folder name", 2)
+    out_dir = Path(out) if out else Path("runs") / f"sft-{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        _fail(f"--out {out_dir} is not an empty folder; the warm-up writes into an empty or absent one", 2)
     try:
         summary = run_sft(resolve_sft(recipe, parse_set(set_)), out_dir, progress=not quiet)
     except ConfigError as exc:

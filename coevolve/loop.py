@@ -15,13 +15,10 @@ from coevolve import distributed
 from coevolve.config import RunConfig, to_yaml
 from coevolve.grading.guard import pop_bound_counts
 from coevolve.recipes.base import Recipe
+from coevolve.rundir import check_run_dir
 from coevolve.store import RunStore, atomic_write_text, dumps
 
 log = logging.getLogger(__name__)
-
-
-class RunExistsError(RuntimeError):
-    """The output directory already holds a run; resume it or choose another directory."""
 
 
 def _tensorboard(root: Path, purge_step: int | None):
@@ -74,12 +71,12 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
         if main:
             store.truncate_after(done[-1] if done else -1)
     else:
-        if (store.root / "config.yaml").exists():
-            raise RunExistsError(f"{store.root} already holds a run: pass --resume {store.root} or another --out")
-        distributed.barrier()  # every rank has checked before rank 0 writes
         if main:
-            store.root.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(store.root / "config.yaml", to_yaml(config))
+            check_run_dir(store.root)  # a new run only in an empty or absent folder
+        distributed.barrier()  # rank 0 has checked before it writes
+    if main:  # on resume too, so that --set overrides (more steps) are what a later plain --resume reads
+        store.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(store.root / "config.yaml", to_yaml(config))
     writer = _tensorboard(store.root, purge_step=start if resume else None) if main else None
     t0 = time.perf_counter()
 

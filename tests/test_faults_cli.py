@@ -47,6 +47,110 @@ def train_steps(out: Path) -> list[int]:
     return [r["step"] for r in rows if "solver/reward_mean" in r]
 
 
+# --- 1. --out into a folder that is not a run ---------------------------------------------------------------------
+
+def test_new_run_refuses_a_folder_with_the_users_files(tmp_path, random_model_dir):
+    user = tmp_path / "mine"
+    (user / "samples").mkdir(parents=True)
+    (user / "checkpoints" / "step_000001").mkdir(parents=True)
+    (user / "metrics.jsonl").write_text('{"step": 1, "mine": true}\n')
+    (user / "summary.json").write_text("{}\n")
+    (user / "samples" / "notes.jsonl").write_text("{}\n")
+    (user / "checkpoints" / "step_000001" / "state.json").write_text("{}\n")
+    before = tree(user)
+    for extra in ([], ["--overwrite"]):
+        line = one_error(tiny_run(random_model_dir, user, *extra), 2)
+        assert str(user) in line and "not empty" in line
+        assert tree(user) == before and sorted(p.name for p in user.iterdir()) == sorted(
+            ["samples", "checkpoints", "metrics.jsonl", "summary.json"])
+    line = one_error(invoke("sft", "r_zero", "--out", user, "--set", NO_MODEL), 2)  # the format warm-up's --out too
+    assert str(user) in line and tree(user) == before
+
+
+def test_out_empty_string_is_refused(tmp_path, monkeypatch, random_model_dir):
+    monkeypatch.chdir(tmp_path)
+    line = one_error(tiny_run(random_model_dir, ""), 2)
+    assert "--out" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_replaces_only_what_a_run_wrote(tmp_path, random_model_dir):
+    out = tmp_path / "run"
+    assert tiny_run(random_model_dir, out).exit_code == 0
+    line = one_error(tiny_run(random_model_dir, out), 2)
+    assert "--resume" in line and "--overwrite" in line
+    (out / "notes.txt").write_text("mine\n")
+    before = tree(out)
+    line = one_error(tiny_run(random_model_dir, out, "--overwrite"), 2)
+    assert "notes.txt" in line and tree(out) == before
+    (out / "notes.txt").unlink()
+    result = tiny_run(random_model_dir, out, "--overwrite", "--set", "seed=3")
+    assert result.exit_code == 0, result.output
+    assert train_steps(out) == [1]  # a fresh run, not appended to the old one
+    assert yaml.safe_load((out / "config.yaml").read_text())["seed"] == 3
+    line = one_error(invoke("run", "--resume", out, "--overwrite"), 2)
+    assert "--overwrite" in line
+
+
+# --- 5. everything that can be checked, before anything is written or loaded ----------------------------------------
+
+def _cases(tmp_path: Path) -> list[tuple[list[str], str, int]]:
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / "folder.yaml").mkdir()
+    (tmp_path / "latin1.yaml").write_bytes("steps: 3  # déjà\n".encode("latin-1"))
+    return [
+        (["--out", tmp_path / "a_file" / "run"], "--out", 2),
+        (["--config", tmp_path / "folder.yaml"], "folder.yaml", 2),
+        (["--config", tmp_path / "latin1.yaml"], "UTF-8", 2),
+        (["--set", "eval_sets=[arith_l1, nosuch]"], "eval_sets", 2),
+        (["--set", "params.levels=[1, 7]"], "params.levels", 2),
+        (["--set", "params.levels=[]"], "params.levels", 2),
+        (["--set", "eval_sets=[gsm8k]", "--set", f"data_dir={tmp_path / 'no_data'}"], "--data-dir", 1),
+        (["--set", "task=math", "--set", "eval_sets=[]", "--set", f"data_dir={tmp_path / 'no_data'}"],
+         "gsm8k_train", 1),
+    ]
+
+
+def test_bad_input_stops_before_the_model_loads_and_writes_nothing(tmp_path):
+    for extra, needle, code in _cases(tmp_path):
+        out = tmp_path / "run"
+        line = one_error(invoke("run", "grpo", "--out", out, "--set", NO_MODEL, *extra), code)
+        assert needle in line, (extra, line)
+        assert not out.exists()
+    line = one_error(invoke("run", "infuser", "--out", tmp_path / "run", "--set", NO_MODEL,
+                            "--set", "params.dev_levels=[0]"), 2)
+    assert "params.dev_levels" in line
+
+
+def test_a_failed_start_leaves_the_folder_as_it_was(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for out in (tmp_path / "new", empty):
+        line = one_error(invoke("run", "grpo", "--out", out, "--set", NO_MODEL), 1)
+        assert "/no/such/model" in line
+    assert not (tmp_path / "new").exists() and list(empty.iterdir()) == []
+
+
+def test_a_late_failure_is_one_line_and_the_run_resumes(tmp_path, random_model_dir, monkeypatch):
+    from coevolve.evaluation.benchmarks import BenchmarkDataNotFound
+    from coevolve.recipes.grpo import GRPO
+
+    original = GRPO.step
+
+    def failing(self, step):
+        if step == 2:
+            raise BenchmarkDataNotFound("evaluation set 'x': file not found")
+        return original(self, step)
+
+    monkeypatch.setattr(GRPO, "step", failing)
+    out = tmp_path / "run"
+    line = one_error(tiny_run(random_model_dir, out, steps=2), 1)
+    assert "file not found" in line and f"--resume {out}" in line
+    monkeypatch.setattr(GRPO, "step", original)
+    assert invoke("run", "--resume", out, "--quiet").exit_code == 0
+    assert train_steps(out) == [1, 2]
+
+
 # --- 6. values that pass validation but make garbage ----------------------------------------------------------------
 
 @pytest.mark.parametrize("setting, key", [("train.lr=inf", "train.lr"), ("rollout.temperature=inf", "rollout.temperature"),
@@ -57,6 +161,67 @@ def test_non_finite_config_values_are_refused(setting, key):
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.") + ".*finite"):
         resolve("dynamic_rl" if key.startswith("params.") else "grpo", sets=[setting])
+
+
+# --- 7. resume and concurrency ---------------------------------------------------------------------------------------
+
+def test_resume_overrides_are_saved(tmp_path, random_model_dir):
+    out = tmp_path / "run"
+    assert tiny_run(random_model_dir, out).exit_code == 0
+    assert invoke("run", "--resume", out, "--set", "steps=2", "--quiet").exit_code == 0
+    assert yaml.safe_load((out / "config.yaml").read_text())["steps"] == 2
+    again = invoke("run", "--resume", out, "--quiet")
+    assert again.exit_code == 0 and "done: 2 steps" in again.output
+    assert train_steps(out) == [1, 2]
+
+
+def test_a_second_writer_is_refused(tmp_path, random_model_dir):
+    from coevolve.rundir import LOCK_NAME
+
+    out = tmp_path / "run"
+    assert tiny_run(random_model_dir, out).exit_code == 0
+    before = tree(out)
+    holder = subprocess.Popen([sys.executable, "-c", "import filelock, sys, time\n"
+                               "lock = filelock.FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(60)",
+                               str(out / LOCK_NAME)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        line = one_error(invoke("run", "--resume", out, "--set", "steps=2", "--quiet"), 2)
+        assert "another process" in line and str(out) in line
+    finally:
+        holder.kill()
+        holder.wait()
+    assert tree(out) == before
+
+
+def test_sigterm_prints_the_resume_hint(tmp_path, random_model_dir, monkeypatch):
+    import os
+
+    from coevolve.store import RunStore
+
+    original = RunStore.write_samples
+
+    def terminated(self, step, records):
+        original(self, step, records)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    caught = []
+
+    def outer(*_):  # stands in for the default action (ending pytest) in case the CLI does not handle SIGTERM
+        caught.append(True)
+
+    previous = signal.signal(signal.SIGTERM, outer)
+    try:
+        monkeypatch.setattr(RunStore, "write_samples", terminated)
+        out = tmp_path / "run"
+        result = tiny_run(random_model_dir, out, steps=3)
+        assert signal.getsignal(signal.SIGTERM) is outer and not caught  # handled by the CLI, then restored
+        line = one_error(result, 143)
+        assert f"coevolve run --resume {out}" in line
+        assert (out / "checkpoints" / "step_000001").exists() and not (out / "summary.json").exists()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # --- 8. trust ---------------------------------------------------------------------------------------------------------

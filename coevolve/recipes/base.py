@@ -115,6 +115,12 @@ class Recipe:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
 
+    @classmethod
+    def data_sets(cls, config: RunConfig, params: RecipeParams) -> list[str]:
+        """Benchmark files (:mod:`coevolve.evaluation.benchmarks` names) the run reads, checked before the model
+        loads: the evaluation sets, and what a recipe adds."""
+        return list(config.eval_sets or [])
+
     # --- shared mechanics -------------------------------------------------------------------------
     def load_policy(self, name: str | None = None) -> Policy:
         return load_policy(name or self.config.model, trust_remote_code=self.config.trust_remote_code,

@@ -56,6 +56,13 @@ class GRPO(Recipe):
         self.policy = self.load_policy()
         self.trainer = self.make_trainer(self.policy)
 
+    @classmethod
+    def data_sets(cls, config, params: GRPOParams):
+        if config.task != "math":
+            return super().data_sets(config, params)
+        split = "gsm8k_train" if params.train_split == "train" else params.train_split  # MathTask.training_problems
+        return super().data_sets(config, params) + [split]
+
     def trainers(self):
         return {"solver": self.trainer}
 

@@ -254,6 +254,13 @@ class Infuser(Recipe):
         self.question_sampling = self.generator_sampling(replace(self.sampling,
                                                                  max_new_tokens=params.generator_max_tokens))
 
+    @classmethod
+    def data_sets(cls, config, params: InfuserParams):
+        if config.task != "math":
+            return super().data_sets(config, params)
+        source = params.dev_source or "math"  # dev_set() leaves MATH-500 out of the MATH dev set
+        return super().data_sets(config, params) + [source] + (["math500"] if source == "math" else [])
+
     def trainers(self):
         return {"generator": self.generator_trainer, "solver": self.solver_trainer}
 
