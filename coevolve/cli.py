@@ -76,6 +76,7 @@ def run(
     from coevolve import distributed
     from coevolve.config import ConfigError, check_runtime
     from coevolve.evaluation.benchmarks import load_benchmark
+    from coevolve.loop import NonFiniteWeights
     from coevolve.loop import run as run_loop
     from coevolve.models import ModelNotFoundError
     from coevolve.recipes import resolve, resolve_saved
@@ -128,9 +129,9 @@ def run(
                 summary = run_loop(instance, cfg, out_dir, resume=resume is not None, progress=not quiet)
     except (ConfigError, RunDirError) as exc:
         _fail(str(exc), 2)
-    except (ModelNotFoundError, TaskDataError, EngineUnavailable, PromptTooLong, FileNotFoundError,
+    except (ModelNotFoundError, TaskDataError, EngineUnavailable, PromptTooLong, NonFiniteWeights, FileNotFoundError,
             distributed.DistributedSetupError) as exc:
-        resumable = resume is None and (out_dir / "config.yaml").exists()
+        resumable = resume is None and (out_dir / "config.yaml").exists() and not isinstance(exc, NonFiniteWeights)
         _fail(f"{exc}; the run directory is kept: continue with --resume {out_dir}" if resumable else str(exc))
     except KeyboardInterrupt as exc:
         code = 143 if isinstance(exc, _Terminated) else 130

@@ -21,6 +21,18 @@ from coevolve.store import RunStore, atomic_write_text, dumps
 log = logging.getLogger(__name__)
 
 
+class NonFiniteWeights(RuntimeError):
+    """A step left a role's weights with NaN or inf; the run stopped before checkpointing them (one-line message)."""
+
+
+def _non_finite_roles(models: dict[str, torch.nn.Module]) -> list[str]:
+    """Roles whose weights (this rank's shards) hold NaN or inf, agreed over all ranks."""
+    bad = [role for role, model in models.items()
+           if not torch.stack([torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+                               for p in model.parameters()]).all().item()]
+    return sorted({role for rank_bad in distributed.all_gather_objects(bad) for role in rank_bad})
+
+
 def _tensorboard(root: Path, purge_step: int | None):
     try:
         from torch.utils.tensorboard import SummaryWriter
@@ -109,6 +121,13 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
             store.write_samples(step, out.samples)
         log_row(step, out.metrics)
         last_metrics = out.metrics
+        bad = _non_finite_roles(models)
+        if bad:  # stop before evaluating or checkpointing garbage; every checkpoint so far passed this check
+            done = store.checkpoint_steps()
+            kept = f"the last checkpoint, step {done[-1]}, is finite" if done else "no checkpoint was written"
+            raise NonFiniteWeights(f"step {step}: the {' and '.join(bad)} weights are not finite (NaN or inf) after "
+                                   f"the update; the run stopped and {kept} (lower train.lr, then --resume "
+                                   f"{store.root} --set train.lr=...)")
         if config.eval_sets and ((config.eval_every and step % config.eval_every == 0) or step == config.steps):
             eval_row = evaluate_solver(recipe, config, store, step)
             log_row(step, eval_row)

@@ -163,6 +163,31 @@ def test_non_finite_config_values_are_refused(setting, key):
         resolve("dynamic_rl" if key.startswith("params.") else "grpo", sets=[setting])
 
 
+def test_non_finite_weights_stop_the_run_and_keep_the_last_finite_checkpoint(tmp_path, random_model_dir,
+                                                                              monkeypatch):
+    import torch
+    from safetensors.torch import load_file
+
+    from coevolve.recipes.grpo import GRPO
+
+    original = GRPO.step
+
+    def exploding(self, step):
+        out = original(self, step)
+        if step == 2:
+            with torch.no_grad():
+                next(self.policy.model.parameters()).fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(GRPO, "step", exploding)
+    out = tmp_path / "run"
+    line = one_error(tiny_run(random_model_dir, out, steps=3), 1)
+    assert "step 2" in line and "solver" in line and "step 1" in line
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]
+    weights = load_file(str(out / "checkpoints" / "step_000001" / "solver.safetensors"))
+    assert all(torch.isfinite(t).all() for t in weights.values())
+
+
 # --- 7. resume and concurrency ---------------------------------------------------------------------------------------
 
 def test_resume_overrides_are_saved(tmp_path, random_model_dir):
