@@ -68,6 +68,8 @@ def run(
     overwrite: bool = typer.Option(False, "--overwrite", help="replace the run in --out (removes only what a run "
                                    "wrote there)"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this directory"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the model folder's own Python "
+                                           "code run (needed whatever the config says)"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
     processes: int = typer.Option(1, "--processes", min=1, help="data-parallel processes on this machine "
                                   "(started with torchrun; one GPU each on CUDA)"),
@@ -102,6 +104,10 @@ def run(
             cfg, params, cls = resolve(recipe, preset=preset, config_file=str(config) if config else None, sets=set_)
             out_dir = Path(out) if out else Path("runs") / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
             check_run_dir(out_dir, overwrite=overwrite)
+        if cfg.trust_remote_code and not trust_remote_code:
+            _fail("config key 'trust_remote_code': the model's own code runs only with --trust-remote-code on the "
+                  "command line", 2)
+        cfg.trust_remote_code = trust_remote_code
         world = processes if processes > 1 else int(os.environ.get("WORLD_SIZE", "1"))
         check_runtime(cfg, world)
         if cfg.rollout.engine == "vllm":
@@ -214,9 +220,11 @@ def eval_(
     seed: int = typer.Option(0, "--seed"),
     out: Optional[Path] = typer.Option(None, "--out", help="where to write per-question results"),
     engine_name: str = typer.Option("hf", "--engine", help="sampler: hf (transformers) or vllm (in-process vLLM)"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the model folder's own Python "
+                                           "code run (a run directory's saved config does not)"),
 ) -> None:
     """Evaluate a model or a run's checkpoint on evaluation sets (options override the preset)."""
-    from coevolve.config import SamplingConfig
+    from coevolve.config import ConfigError, SamplingConfig
     from coevolve.evaluation.benchmarks import BenchmarkDataNotFound
     from coevolve.evaluation.harness import EVAL_PRESETS, evaluate
     from coevolve.models import ModelNotFoundError
@@ -232,7 +240,9 @@ def eval_(
     try:
         if engine_name == "vllm":
             require_vllm()
-        policy, default_sets, label = load_run_policy(target, checkpoint)
+        policy, default_sets, label = load_run_policy(target, checkpoint, trust_remote_code=trust_remote_code)
+    except ConfigError as exc:
+        _fail(str(exc), 2)
     except (ModelNotFoundError, FileNotFoundError, EngineUnavailable) as exc:
         _fail(str(exc))
     set_names = [s.strip() for s in sets.split(",")] if sets else (default_sets or default_eval_sets("arith"))

@@ -190,19 +190,19 @@ def _np_rng_state() -> list:
     return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
 
 
-def load_run_policy(target: str, checkpoint: int | None = None):
+def load_run_policy(target: str, checkpoint: int | None = None, *, trust_remote_code: bool = False):
     """A model to evaluate: a run directory's checkpoint (latest unless ``checkpoint``), else a model name/path.
 
+    The model's own code runs only with ``trust_remote_code`` (the caller's flag), whatever the run's config says.
     Returns (policy, the run's evaluation sets or None, a label for output folders).
     """
-    import yaml
-
+    from coevolve.config import load_yaml
     from coevolve.models import load_policy
 
     root = Path(target)
     if not (root / "config.yaml").exists():
-        return load_policy(target), None, "model"
-    config = yaml.safe_load((root / "config.yaml").read_text())
+        return load_policy(target, trust_remote_code=trust_remote_code), None, "model"
+    config = load_yaml(root / "config.yaml")
     store = RunStore(root)
     steps = store.checkpoint_steps()
     if not steps:
@@ -212,7 +212,7 @@ def load_run_policy(target: str, checkpoint: int | None = None):
     if not folder.exists():
         raise FileNotFoundError(f"{root} has no checkpoint for step {step} (have: {steps})")
     role = "solver" if (folder / "solver.safetensors").exists() else "policy"
-    policy = load_policy(config["model"], trust_remote_code=bool(config.get("trust_remote_code")))
+    policy = load_policy(config["model"], trust_remote_code=trust_remote_code)
     lora = (config.get("train") or {}).get("lora")
     if lora:
         from peft import LoraConfig, get_peft_model

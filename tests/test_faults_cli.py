@@ -251,6 +251,31 @@ def test_sigterm_prints_the_resume_hint(tmp_path, random_model_dir, monkeypatch)
 
 # --- 8. trust ---------------------------------------------------------------------------------------------------------
 
+def test_remote_code_needs_the_command_line_flag(tmp_path, random_model_dir):
+    model = tmp_path / "model"
+    marker = tmp_path / "remote_code_ran"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "evil", "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.Evil"}}))
+    (model / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step_000001").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step_000001" / "state.json").write_text("{}")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"recipe": "grpo", "model": str(model),
+                                                         "trust_remote_code": True}))
+    result = invoke("eval", run_dir, "--sets", "arith_l1", "--limit", "1")
+    assert result.exit_code != 0 and not marker.exists()
+    line = one_error(invoke("run", "grpo", "--set", f"model={model}", "--set", "trust_remote_code=true",
+                            "--out", tmp_path / "new"), 2)
+    assert "--trust-remote-code" in line and not (tmp_path / "new").exists()
+    out = tmp_path / "saved"
+    assert tiny_run(random_model_dir, out).exit_code == 0
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    (out / "config.yaml").write_text(yaml.safe_dump({**saved, "trust_remote_code": True}))
+    line = one_error(invoke("run", "--resume", out, "--set", "steps=2"), 2)
+    assert "--trust-remote-code" in line and not marker.exists()
+
+
 def _alias_bomb(depth: int) -> str:
     """Nested YAML aliases: a few hundred bytes that expand to 9**depth strings."""
     anchors = ["&a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
