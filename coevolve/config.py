@@ -52,6 +52,16 @@ class SamplingConfig(Strict):
     top_k: int = Field(0, ge=0)
     max_new_tokens: int = Field(64, gt=0)
     batch_size: int = Field(64, gt=0, description="hf engine: prompts per forward pass while sampling")
+    dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="hf engine: bf16 samples from a bf16 copy of the weights (refreshed after each update, "
+        "LoRA merged) with the static decoder; fp32 from the trainer's own weights; auto: bf16 on a CUDA device "
+        "that has it, fp32 otherwise")
+    cuda_graphs: bool = Field(True, description="hf engine, bf16 copy on CUDA: replay each decoding step as a CUDA "
+                              "graph")
+    sync_every: int = Field(16, gt=0, description="hf engine, bf16 copy: tokens between the host's checks for "
+                            "finished rows and stop strings")
+    keep_sampler: bool = Field(True, description="hf engine: keep the bf16 copy and the decoding buffers between "
+                               "calls (false: free them after each call)")
     vllm: VLLMConfig = VLLMConfig()
 
 
@@ -73,8 +83,9 @@ class TrainConfig(Strict):
     epochs: int = Field(1, gt=0)
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.2, ge=0)
-    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap; "
-                                  "default 2.0 with rollout.engine=vllm, off with hf")
+    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap; default 2.0 when "
+                                  "rollouts are not sampled from the trained weights (vllm, a bf16 sampler copy, "
+                                  "constrained decoding), off otherwise")
     kl_beta: float = Field(0.0, ge=0)
     loss_agg: Literal["seq_mean", "token_sum_norm", "token_mean"] = "seq_mean"
     norm_constant: int | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
@@ -127,10 +138,12 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def _behaviour_policy_mismatch_needs_tis(self) -> "RunConfig":
         """Rollouts not sampled from the trainer's pi need TIS (2.0 unless a cap is set): vLLM's log-probs are not the
-        trainer's, and constrained decoding samples from a masked distribution q; the weights min(pi_old / q, cap)
-        correct for both."""
+        trainer's, a bf16 sampler copy rounds the weights, and constrained decoding samples from a masked
+        distribution q; the weights min(pi_old / q, cap) correct for all three. (``rollout.dtype: auto`` is resolved
+        where the device is known, by the recipe's trainers.)"""
         constrained = self.params.get("format_constraint") or self.params.get("solver_format_constraint")
-        if (self.rollout.engine == "vllm" or constrained) and self.train.tis_cap is None:
+        other_sampler = self.rollout.engine == "vllm" or self.rollout.dtype == "bf16"
+        if (other_sampler or constrained) and self.train.tis_cap is None:
             self.train.tis_cap = DEFAULT_TIS_CAP
         return self
 
@@ -254,8 +267,9 @@ def check_runtime(config: RunConfig, processes: int = 1) -> None:
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("config key 'device': cuda requested but no CUDA device is available")
     on_cuda = device_for(config.device).type == "cuda"
-    if config.train.dtype == "bf16" and on_cuda and not torch.cuda.is_bf16_supported():
-        raise ConfigError("config key 'train.dtype': bf16 is not supported by this GPU; use fp32")
+    for key, dtype in (("train.dtype", config.train.dtype), ("rollout.dtype", config.rollout.dtype)):
+        if dtype == "bf16" and on_cuda and not torch.cuda.is_bf16_supported():
+            raise ConfigError(f"config key '{key}': bf16 is not supported by this GPU; use fp32")
     if processes > 1 and config.rollout.engine == "vllm":
         raise ConfigError("config key 'rollout.engine': vllm runs in one process for now; use hf with --processes")
     if config.train.fsdp:

@@ -19,7 +19,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from coevolve import distributed
-from coevolve.config import ConfigError, RunConfig
+from coevolve.config import DEFAULT_TIS_CAP, ConfigError, RunConfig
 from coevolve.format_help import (FormatWatch, examples_block, load_worked_examples, output_format,
                                   solver_answer_regex)
 from coevolve.models import Policy, load_policy
@@ -130,11 +130,15 @@ class Recipe:
         """A trainer for ``policy`` with the run's ``train`` settings (keyword overrides per role)."""
         train = self.config.train
         on_cuda = distributed.device_for(self.config.device).type == "cuda"
-        bf16 = train.dtype == "bf16" or (train.dtype == "auto" and on_cuda and torch.cuda.is_bf16_supported())
+        bf16 = self._bf16(train.dtype)
+        # A bf16 sampler copy's log-probs are not the trainer's: TIS on, as with vLLM (config.py sets it for the
+        # explicit settings; ``auto`` is known here).
+        tis_cap = train.tis_cap if train.tis_cap is not None or not self._bf16(self.config.rollout.dtype) \
+            else DEFAULT_TIS_CAP
         settings = UpdateSettings(
             lr=train.lr, weight_decay=train.weight_decay, grad_clip=train.grad_clip,
             mini_batch_size=train.mini_batch_size, micro_batch_size=train.micro_batch_size, epochs=train.epochs,
-            clip_low=train.clip_low, clip_high=train.clip_high, tis_cap=train.tis_cap, kl_beta=train.kl_beta,
+            clip_low=train.clip_low, clip_high=train.clip_high, tis_cap=tis_cap, kl_beta=train.kl_beta,
             loss_agg=train.loss_agg, norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature,
             lora=train.lora.model_dump() if train.lora else None, dtype="bf16" if bf16 else "fp32",
@@ -155,6 +159,11 @@ class Recipe:
             self._residency.register(trainer)
         return trainer
 
+    def _bf16(self, setting: str) -> bool:
+        """Whether a ``train.dtype`` / ``rollout.dtype`` setting means bf16 on this run's device."""
+        on_cuda = distributed.device_for(self.config.device).type == "cuda"
+        return setting == "bf16" or (setting == "auto" and on_cuda and torch.cuda.is_bf16_supported())
+
     def role_trainer(self, policy: Policy, role: str) -> PolicyTrainer:
         """A trainer with the run's ``train`` settings and the role's own ``params.<role>_mini_batch_size`` and
         ``params.<role>_epochs`` where the recipe has them and they are set."""
@@ -172,9 +181,11 @@ class Recipe:
         if key not in self._engines:
             trainer = self._trainers.get(key)
             version = None if trainer is None else (lambda: (trainer.updates_done, weights_version(policy.model)))
-            engine = make_engine(policy, self.config.rollout, version=version, seed=self.config.seed)
+            engine = make_engine(policy, self.config.rollout, version=version, seed=self.config.seed,
+                                 bf16=self._bf16(self.config.rollout.dtype))
             if self._residency is not None and trainer is not None:  # roles take turns on the GPU
                 engine = ResidentEngine(engine, trainer)
+                self._residency.attach_sampler(trainer, engine)
             if distributed.world_size() > 1:  # each rank samples its share; every rank sees the whole batch
                 engine = distributed.DataParallelEngine(engine, self.config.rollout.batch_size)
             if trainer is not None and trainer.settings.fsdp:  # every rank gathers the whole weights to sample

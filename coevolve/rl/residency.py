@@ -39,11 +39,17 @@ class Residency:
     def __init__(self, device: torch.device):
         self.device = device
         self.trainers: list[PolicyTrainer] = []
+        self.samplers: list[tuple[PolicyTrainer, RolloutEngine]] = []
         self.resident: PolicyTrainer | None = None
 
     def register(self, trainer: PolicyTrainer) -> None:
         self.trainers.append(trainer)
         trainer.residency = self
+
+    def attach_sampler(self, trainer: PolicyTrainer, engine: RolloutEngine) -> None:
+        """``engine`` samples ``trainer``'s policy: when that role goes idle, its sampler's own copy of the weights
+        and its decoding buffers are freed (engines that have them expose ``release``; they rebuild on next use)."""
+        self.samplers.append((trainer, engine))
 
     def activate(self, trainer: PolicyTrainer) -> None:
         """Make ``trainer`` resident on the device, moving every other registered trainer to host memory."""
@@ -53,6 +59,9 @@ class Residency:
         for other in self.trainers:
             if other is not trainer and other.model is not trainer.model:
                 self._place(other, HOST)
+        for owner, engine in self.samplers:
+            if owner is not trainer and owner.model is not trainer.model and hasattr(engine, "release"):
+                engine.release()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self._place(trainer, self.device)
@@ -79,3 +88,7 @@ class ResidentEngine:
 
     def pop_metrics(self) -> dict[str, float]:
         return self.inner.pop_metrics()
+
+    def release(self) -> None:
+        if hasattr(self.inner, "release"):
+            self.inner.release()

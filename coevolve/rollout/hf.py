@@ -8,13 +8,16 @@ token under the temperature-scaled distribution, the pi_old that the trainer's P
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from transformers import StaticCache
 
-from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, SamplingParams
+from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, SamplingParams, weights_version
 from coevolve.rollout.constrained import RegexConstraint
+from coevolve.rollout.static_decode import SLOT_ROUNDING, Shape, StaticDecoder
+from coevolve.rollout.static_decode import supports as supports_static
+from coevolve.rollout.weights import SamplerCopy
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
@@ -55,23 +58,23 @@ def truncate_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Ten
     return logits
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One index per row of ``probs`` [B, V] by inverse transform sampling: a single uniform per row.
+def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One index per row of ``probs`` [B, V] by inverse transform sampling of the row's uniform (``uniforms`` [B]).
 
     The cumulative sums are in float64; the first index whose sum exceeds u * total always has a
     positive probability. (``torch.multinomial`` draws an exponential per entry, 20x slower on CPU at V = 49k.)
     """
     cdf = probs.double().cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=torch.float64)
-    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
+    return torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams,
-                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                  uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token of each row of ``logits`` [B, V] and its log-prob under the temperature-scaled distribution.
 
-    The log-prob is taken before top-k / top-p truncation (the trainer's pi_old); greedy decoding
-    (temperature 0) gives the argmax and its log-prob under the unscaled distribution.
+    ``uniforms`` [B] (float64 in [0, 1)) are the rows' random draws. The log-prob is taken before top-k / top-p
+    truncation (the trainer's pi_old); greedy decoding (temperature 0) gives the argmax and its log-prob under the
+    unscaled distribution. Every operation stays on the device (the static decoder captures it in a CUDA graph).
     """
     if params.temperature <= 0:
         chosen = logits.argmax(-1)
@@ -81,25 +84,36 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams,
         logprobs = scaled.log_softmax(-1)
         truncated = (0 < params.top_k < logits.shape[-1]) or params.top_p < 1.0
         probs = truncate_logits(scaled, params.top_k, params.top_p).softmax(-1) if truncated else logprobs.exp()
-        chosen = draw(probs, generator)
+        chosen = draw(probs, uniforms)
     return chosen, logprobs.gather(-1, chosen[:, None])[:, 0]
 
 
 class HFRolloutEngine:
     """Samples from a transformers causal LM in batches of ``batch_size`` prompts.
 
-    Each batch decodes into one preallocated (static) KV cache and records tokens and log-probs in
-    preallocated tensors; rows that finished are dropped from the batch and the cache once they make
-    up a quarter of it, so the work follows the rows still generating, not the longest completion.
+    Two loops. The plain loop decodes into one preallocated (static) KV cache, asks the host after every token which
+    rows finished, and drops finished rows from the batch and the cache once they make up a quarter of it; it samples
+    from the live model and is the one that applies a regex constraint (its mask comes from the host every token).
+    With ``dtype`` set, the engine samples from its own copy of the weights in that dtype (bf16 on a GPU; refreshed
+    whenever ``version()`` changes, LoRA merged) with the :class:`~coevolve.rollout.static_decode.StaticDecoder`: one
+    CUDA graph per batch-size bucket on a GPU, a host check every ``sync_every`` tokens. Both loops draw the same
+    uniforms, so they sample the same tokens from the same weights.
     """
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None):
+    def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None,
+                 dtype: torch.dtype | None = None, cuda_graphs: bool = True, keep_sampler: bool = True,
+                 sync_every: int = 16, version: Callable[[], object] | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         if eos_token_ids is None:
             eos_token_ids = [tokenizer.eos_token_id]
         self.eos_token_ids = [i for i in eos_token_ids if i is not None]
+        self.cuda_graphs, self.keep_sampler, self.sync_every = cuda_graphs, keep_sampler, sync_every
+        self.copy = (SamplerCopy(model, dtype, version or (lambda: weights_version(model)))
+                     if dtype is not None else None)
+        self.decoder: StaticDecoder | None = None
+        self.reported = (0, 0.0)  # the copy's refreshes and seconds at the last pop_metrics
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
         """One completion per prompt; the same prompts, params and seed give the same completions.
@@ -107,21 +121,65 @@ class HFRolloutEngine:
         The batch starting at prompt ``j`` draws from its own stream seeded ``seed + j * PROMPT_SEED_STRIDE`` (the
         rollout seed contract), so sampling a slice of whole batches reproduces the whole call's samples.
         """
-        generator = torch.Generator(device=next(self.model.parameters()).device)
+        static = self.copy is not None and params.regex is None and supports_static(self.model)
+        model = self.copy.current() if static else self.model
+        generator = torch.Generator(device=next(model.parameters()).device)
         completions: list[Completion] = []
         for start in range(0, len(prompts), self.batch_size):
             generator.manual_seed(seed + start * PROMPT_SEED_STRIDE)
-            completions += self._generate_batch(prompts[start:start + self.batch_size], params, generator)
+            batch = prompts[start:start + self.batch_size]
+            run = self._generate_static if static else self._generate_batch
+            completions += run(model, batch, params, generator)
+        if not self.keep_sampler:
+            self.release()
         return completions
 
+    def release(self) -> None:
+        """Free the sampler's copy of the weights and its decoding buffers (rebuilt on the next call)."""
+        self.decoder = None
+        if self.copy is not None:
+            self.copy.release()
+
     @torch.no_grad()
-    def _generate_batch(self, prompts: Sequence[str], params: SamplingParams, generator: torch.Generator):
-        was_training = self.model.training
-        self.model.eval()
-        device = next(self.model.parameters()).device
+    def _generate_static(self, model, prompts: Sequence[str], params: SamplingParams,
+                         generator: torch.Generator) -> list[Completion]:
+        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
+        longest = max(len(ids) for ids in prompt_ids) + params.max_new_tokens
+        shape = Shape(rows=max(self.batch_size, len(prompts)), new_tokens=params.max_new_tokens,
+                      slots=-(-longest // SLOT_ROUNDING) * SLOT_ROUNDING)
+        if self.decoder is None or self.decoder.shape != shape or self.decoder.model is not model:
+            self.decoder = None  # free the old buffers before allocating new ones
+            self.decoder = StaticDecoder(model, shape, self.eos_token_ids, sample_tokens, graphs=self.cuda_graphs)
+        stopped = None
+        if params.stop:
+            def stopped(tokens: list[list[int]], first: int) -> list[int | None]:
+                return [self._first_stop(row, first, params.stop) for row in tokens]
+        tokens, logprobs, lengths, reasons = self.decoder.run(prompt_ids, params, generator,
+                                                              self.tokenizer.pad_token_id, self.sync_every, stopped)
+        return [Completion(prompt=prompts[i], prompt_ids=prompt_ids[i], token_ids=tokens[i],
+                           text=self.tokenizer.decode(tokens[i], skip_special_tokens=True), logprobs=logprobs[i],
+                           finish_reason=reasons[i]) for i in range(len(prompts))]
+
+    def _first_stop(self, tokens: list[int], first: int, stop: Sequence[str]) -> int | None:
+        """The first index ``i >= first`` whose last 16 tokens contain a stop string (the plain loop's rule)."""
+        def has_stop(part: list[int]) -> bool:
+            text = self.tokenizer.decode(part, skip_special_tokens=True)
+            return any(s in text for s in stop)
+
+        if not has_stop(tokens[max(0, first - 15):]):
+            return None
+        return next((i for i in range(first, len(tokens)) if has_stop(tokens[max(0, i - 15):i + 1])), None)
+
+    @torch.no_grad()
+    def _generate_batch(self, model, prompts: Sequence[str], params: SamplingParams,
+                        generator: torch.Generator) -> list[Completion]:
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
         prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         batch, new = len(prompts), params.max_new_tokens
-        logits, cache, kv_mask, positions = self._prefill(prompt_ids, new, device)
+        uniforms = torch.rand(new, batch, generator=generator, device=device, dtype=torch.float64)
+        logits, cache, kv_mask, positions = self._prefill(model, prompt_ids, new, device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         tokens = torch.zeros(batch, new, dtype=torch.long, device=device)
         logprobs = torch.zeros(batch, new, device=device)
@@ -138,7 +196,7 @@ class HFRolloutEngine:
             if constraint is not None:  # sample from the masked, renormalised distribution; log-probs are its own
                 live = alive.tolist()
                 logits = constraint.mask(logits, row_of, live)
-            chosen, chosen_logprob = sample_tokens(logits.float(), params, generator)
+            chosen, chosen_logprob = sample_tokens(logits.float(), params, uniforms[t, rows])
             if constraint is not None:
                 constraint.accept(chosen.tolist(), row_of, live)
             tokens[rows, t] = chosen
@@ -164,9 +222,9 @@ class HFRolloutEngine:
                 rows, alive, chosen, kv_mask, positions = (x[keep] for x in (rows, alive, chosen, kv_mask, positions))
                 row_of, done_in_batch = rows.tolist(), 0
             positions = positions + 1
-            logits = self.model(input_ids=chosen[:, None], attention_mask=kv_mask, position_ids=positions,
-                                past_key_values=cache, use_cache=True).logits[:, -1, :]
-        self.model.train(was_training)
+            logits = model(input_ids=chosen[:, None], attention_mask=kv_mask, position_ids=positions,
+                           past_key_values=cache, use_cache=True).logits[:, -1, :]
+        model.train(was_training)
         token_lists, logprob_lists = tokens.tolist(), logprobs.tolist()
         return [
             Completion(prompt=prompts[i], prompt_ids=prompt_ids[i], token_ids=token_lists[i][:lengths[i]],
@@ -175,7 +233,7 @@ class HFRolloutEngine:
             for i in range(batch)
         ]
 
-    def _prefill(self, prompt_ids: list[list[int]], new: int, device: torch.device):
+    def _prefill(self, model, prompt_ids: list[list[int]], new: int, device: torch.device):
         """Run the prompts into a static cache with room for ``new`` tokens, each distinct prompt once.
 
         Returns the next-token logits [B, V], the cache (expanded to one row per prompt), the padding mask
@@ -189,8 +247,8 @@ class HFRolloutEngine:
         # Every slot after the prompt will hold a generated token, so the padding mask is fixed up front.
         kv_mask = torch.cat([attention_mask, attention_mask.new_ones(len(distinct), new)], dim=1)
         positions = position_ids_from_mask(attention_mask)
-        cache = StaticCache(config=self.model.config, max_cache_len=kv_mask.shape[1])
-        logits = self.model(input_ids=input_ids, attention_mask=kv_mask, position_ids=positions,
+        cache = StaticCache(config=model.config, max_cache_len=kv_mask.shape[1])
+        logits = model(input_ids=input_ids, attention_mask=kv_mask, position_ids=positions,
                             past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
         if len(distinct) < len(prompt_ids):
             cache.reorder_cache(expand)
@@ -212,5 +270,10 @@ class HFRolloutEngine:
         return stopped
 
     def pop_metrics(self) -> dict[str, float]:
-        """Nothing to report: this engine samples from the live model, so there are no weights to sync."""
-        return {}
+        """Refreshes of the sampler's copy since the last call (``time/weight_sync_s``, ``rollout/weight_syncs``);
+        empty when the engine samples from the live model."""
+        if self.copy is None:
+            return {}
+        count, seconds = self.copy.refreshes - self.reported[0], self.copy.refresh_seconds - self.reported[1]
+        self.reported = (self.copy.refreshes, self.copy.refresh_seconds)
+        return {"time/weight_sync_s": seconds, "rollout/weight_syncs": float(count)}

@@ -36,6 +36,7 @@ import torch
 
 from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, SamplingParams, weights_version
 from coevolve.rollout.hf import encode_prompt
+from coevolve.rollout.weights import hf_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -70,24 +71,6 @@ def require_vllm() -> None:
     """Raise ``EngineUnavailable`` with the install line when vLLM is not installed."""
     if not vllm_available():
         raise EngineUnavailable(VLLM_INSTALL_HINT)
-
-
-def hf_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The model's weights under their Hugging Face checkpoint names, LoRA adapters merged in.
-
-    A peft model is merged for the copy and unmerged afterwards, so training continues on the adapters.
-    """
-    if hasattr(model, "merge_adapter") and hasattr(model, "peft_config"):
-        model.merge_adapter()
-        try:
-            state = {name.removeprefix("base_model.model.").replace(".base_layer.", "."): tensor.detach().clone()
-                     for name, tensor in model.state_dict().items() if "lora_" not in name}
-        finally:
-            model.unmerge_adapter()
-        yield from state.items()
-        return
-    for name, tensor in model.state_dict().items():
-        yield name, tensor.detach()
 
 
 @contextlib.contextmanager
