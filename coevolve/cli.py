@@ -84,6 +84,7 @@ def run(
     from coevolve.recipes import resolve, resolve_saved
     from coevolve.rollout.vllm_engine import EngineUnavailable, PromptTooLong, require_vllm
     from coevolve.rundir import RunDirError, check_run_dir, claim_run_dir
+    from coevolve.store import CheckpointDamaged
     from coevolve.tasks.registry import TaskDataError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -136,7 +137,7 @@ def run(
     except (ConfigError, RunDirError) as exc:
         _fail(str(exc), 2)
     except (ModelNotFoundError, TaskDataError, EngineUnavailable, PromptTooLong, NonFiniteWeights, FileNotFoundError,
-            distributed.DistributedSetupError) as exc:
+            distributed.DistributedSetupError, CheckpointDamaged) as exc:
         resumable = resume is None and (out_dir / "config.yaml").exists() and not isinstance(exc, NonFiniteWeights)
         _fail(f"{exc}; the run directory is kept: continue with --resume {out_dir}" if resumable else str(exc))
     except KeyboardInterrupt as exc:

@@ -15,8 +15,18 @@ from typing import Any, Mapping
 import numpy as np
 
 
+def fsync_path(path: Path) -> None:
+    """Flush a file, or a folder's entries (so that a rename into it survives a crash), to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temporary sibling, fsync and rename, so readers see the old or the new file, never a part."""
+    """Write via a temporary sibling, fsync and rename (and fsync the folder), so readers see the old or the new file,
+    never a part, even after a crash."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -30,6 +40,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_path(path.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -63,14 +74,15 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file; lines that do not parse (a torn last line of a killed writer) are skipped."""
+    """Rows of a JSONL file; lines that do not parse (a torn last line of a killed writer) are skipped, and bytes that
+    are not UTF-8 read as U+FFFD. Rows are split at newlines only (a row's text may hold U+2028 and the like)."""
     path = Path(path)
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_bytes().split(b"\n"):
         try:
-            row = json.loads(line)
+            row = json.loads(line.decode("utf-8", errors="replace"))
         except json.JSONDecodeError:
             continue
         if isinstance(row, dict):

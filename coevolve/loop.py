@@ -72,16 +72,16 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
     start, elapsed_before = 1, 0.0
     main = distributed.is_main()  # with several processes, rank 0 alone writes the run directory
     if resume:
-        done = store.checkpoint_steps()
-        if done:
-            state = store.load_checkpoint(done[-1], models, optimizers)
+        loaded = store.load_latest_checkpoint(models, optimizers)  # the newest intact one
+        if loaded:
+            step, state = loaded
             recipe.load_state_dict(state["loop_recipe"])
             for role, t in trainers.items():
                 t.updates_done = state["updates_done"][role]
-            start, elapsed_before = done[-1] + 1, state["time_s"]
+            start, elapsed_before = step + 1, state["time_s"]
         distributed.barrier()  # every rank has read the checkpoint before rank 0 trims what follows it
         if main:
-            store.truncate_after(done[-1] if done else -1)
+            store.truncate_after(loaded[0] if loaded else -1)
     else:
         if main:
             check_run_dir(store.root)  # a new run only in an empty or absent folder

@@ -10,16 +10,21 @@ Layout::
     RUN/tb/                         TensorBoard event files
     RUN/summary.json                written when the run finishes
 
-A step counts as completed once its checkpoint directory exists (it is renamed into place). On
-resume, metric rows and sample files of later steps are removed, so no step is lost or repeated.
+A step counts as completed once its checkpoint directory exists: it is written under a temporary name, its files
+and folder are fsynced, and it is renamed into place. On resume, a damaged checkpoint (a missing, truncated or
+unreadable file) is named in one warning and set aside, the run continues from the newest intact one, and metric rows
+and sample files of later steps are removed, so no step is lost or repeated.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
+import re
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -29,9 +34,17 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from coevolve import distributed
-from coevolve.jsonio import atomic_write_text, dumps, read_jsonl
+from coevolve.jsonio import atomic_write_text, dumps, fsync_path, read_jsonl
+
+log = logging.getLogger(__name__)
 
 STEP_DIR = "step_{:06d}"
+_STEP_NAME = re.compile(r"step_(\d+)")
+_STATE_KEYS = ("step", "optimizers", "python_rng", "numpy_rng", "recipe")
+
+
+class CheckpointDamaged(RuntimeError):
+    """A checkpoint has a missing, truncated or unreadable file; the message names the checkpoint and the file."""
 
 
 class RunStore:
@@ -48,7 +61,7 @@ class RunStore:
     def append_metrics(self, record: Mapping[str, Any]) -> None:
         """Append one row to metrics.jsonl and flush it to disk."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_path, "a") as handle:
+        with open(self.metrics_path, "a", encoding="utf-8") as handle:
             handle.write(dumps(record) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -66,14 +79,11 @@ class RunStore:
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def checkpoint_steps(self) -> list[int]:
-        """Steps with a complete checkpoint, ascending."""
+        """Steps with a checkpoint folder (renamed into place once written), ascending; a damaged one included."""
         if not self.checkpoints_dir.exists():
             return []
-        steps = []
-        for child in self.checkpoints_dir.iterdir():
-            if child.is_dir() and child.name.startswith("step_") and (child / "state.json").exists():
-                steps.append(int(child.name.removeprefix("step_")))
-        return sorted(steps)
+        return sorted(int(match[1]) for child in self.checkpoints_dir.iterdir()
+                      if child.is_dir() and (match := _STEP_NAME.fullmatch(child.name)))
 
     def save_checkpoint(self, step: int, models: Mapping[str, torch.nn.Module],
                         optimizers: Mapping[str, torch.optim.Optimizer], state: Mapping[str, Any],
@@ -104,38 +114,74 @@ class RunStore:
         save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
         full_state = {"step": step, "optimizers": optimizer_meta, "python_rng": _py_rng_state(),
                       "numpy_rng": _np_rng_state(), "recipe": state}
-        (tmp / "state.json").write_text(dumps(full_state))
+        (tmp / "state.json").write_text(dumps(full_state), encoding="utf-8")
+        for path in tmp.iterdir():
+            fsync_path(path)
+        fsync_path(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        fsync_path(self.checkpoints_dir)
         for old in self.checkpoint_steps()[:-keep]:
             shutil.rmtree(self.checkpoints_dir / STEP_DIR.format(old), ignore_errors=True)
         return final
 
+    def load_latest_checkpoint(self, models: Mapping[str, torch.nn.Module],
+                               optimizers: Mapping[str, torch.optim.Optimizer]) -> tuple[int, dict[str, Any]] | None:
+        """Restore the newest intact checkpoint (see :meth:`load_checkpoint`): (its step, the recipe's saved state), or
+        None when there is no checkpoint. Damaged newer ones are named in one warning; with none intact,
+        :class:`CheckpointDamaged` names them all."""
+        damaged = []
+        for step in reversed(self.checkpoint_steps()):
+            try:
+                state = self.load_checkpoint(step, models, optimizers)
+            except CheckpointDamaged as exc:
+                damaged.append(str(exc))
+                continue
+            if damaged and distributed.is_main():
+                log.warning("damaged checkpoint: %s; resuming from %s (later checkpoints are set aside as damaged_*)",
+                            "; ".join(damaged), STEP_DIR.format(step))
+            return step, state
+        if damaged:
+            raise CheckpointDamaged(f"no intact checkpoint in {self.checkpoints_dir}: {'; '.join(damaged)}")
+        return None
+
     def load_checkpoint(self, step: int, models: Mapping[str, torch.nn.Module],
                         optimizers: Mapping[str, torch.optim.Optimizer]) -> dict[str, Any]:
-        """Restore weights, optimizer and RNG state in place; returns the recipe's saved state."""
+        """Restore weights, optimizer and RNG state in place; returns the recipe's saved state.
+
+        Every file is checked first (present, complete, readable); a damaged one raises :class:`CheckpointDamaged`
+        before anything is restored. Restoring an intact checkpoint overwrites all of that state, so a fall-back to an
+        older one after a failure is complete."""
         folder = self.checkpoints_dir / STEP_DIR.format(step)
-        state = json.loads((folder / "state.json").read_text())
+        state = _checked_state(folder, models, optimizers)
         for role, model in models.items():
             if distributed.is_sharded(model):
                 distributed.load_full_model_state(model, load_file(str(folder / f"{role}.safetensors")))
             else:
                 load_model(model, str(folder / f"{role}.safetensors"))
         for role, optimizer in optimizers.items():
-            saved = _optimizer_state(load_file(str(folder / f"{role}.optim.safetensors")), state["optimizers"][role])
+            tensors = load_file(str(folder / f"{role}.optim.safetensors"))
+            try:
+                saved = _optimizer_state(tensors, state["optimizers"][role])
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise CheckpointDamaged(f"{folder.name}: unreadable {role} optimizer state in state.json") from exc
             if distributed.is_sharded(models[role]):
                 distributed.load_full_optimizer_state(models[role], optimizer, saved)
             else:
                 optimizer.load_state_dict(saved)
-        torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])
-        random.setstate(_tuple_state(state["python_rng"]))
-        np.random.set_state(tuple(state["numpy_rng"][:1]) + (np.array(state["numpy_rng"][1], dtype=np.uint32),)
-                            + tuple(state["numpy_rng"][2:]))
+        try:
+            torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])
+            random.setstate(_tuple_state(state["python_rng"]))
+            np.random.set_state(tuple(state["numpy_rng"][:1]) + (np.array(state["numpy_rng"][1], dtype=np.uint32),)
+                                + tuple(state["numpy_rng"][2:]))
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+            raise CheckpointDamaged(f"{folder.name}: unreadable RNG state ({type(exc).__name__}: {exc})") from exc
         return state["recipe"]
 
     def truncate_after(self, step: int) -> None:
-        """Forget everything logged after ``step`` (metrics rows, samples, eval outputs, partial checkpoints)."""
+        """Forget everything logged after ``step`` (metrics rows, samples, eval outputs, partial checkpoints); later
+        checkpoints (damaged ones, since ``step`` is the newest intact) are renamed ``damaged_step_NNNNNN``."""
         rows = [r for r in self.metrics() if r.get("step", -1) <= step]
         atomic_write_text(self.metrics_path, "".join(dumps(r) + "\n" for r in rows))
         for folder, suffix in ((self.samples_dir, ".jsonl"), (self.eval_dir, "")):
@@ -149,6 +195,46 @@ class RunStore:
             for child in self.checkpoints_dir.iterdir():
                 if child.name.startswith("."):  # a checkpoint that never finished writing
                     shutil.rmtree(child, ignore_errors=True)
+            for later in (s for s in self.checkpoint_steps() if s > step):
+                aside = self.checkpoints_dir / f"damaged_{STEP_DIR.format(later)}"
+                shutil.rmtree(aside, ignore_errors=True)
+                os.replace(self.checkpoints_dir / STEP_DIR.format(later), aside)
+
+
+def _checked_state(folder: Path, models: Mapping[str, Any], optimizers: Mapping[str, Any]) -> dict[str, Any]:
+    """The parsed ``state.json`` of a checkpoint whose files are all present and complete, else CheckpointDamaged."""
+    try:
+        state = json.loads((folder / "state.json").read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as exc:  # missing, unreadable, invalid UTF-8 or JSON
+        raise CheckpointDamaged(f"{folder.name}/state.json unreadable ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(state, dict) or any(key not in state for key in _STATE_KEYS) \
+            or not isinstance(state["optimizers"], dict) or any(role not in state["optimizers"] for role in optimizers):
+        raise CheckpointDamaged(f"{folder.name}/state.json lacks the checkpoint's keys")
+    files = [f"{role}.safetensors" for role in models] + [f"{role}.optim.safetensors" for role in optimizers]
+    for name in files + ["rng.safetensors"]:
+        problem = _safetensors_problem(folder / name)
+        if problem:
+            raise CheckpointDamaged(f"{folder.name}/{name} {problem}")
+    return state
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file is not complete (missing, truncated, unreadable header), or None: its size must be the
+    8-byte header length, the JSON header and the data its tensors' offsets end at."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            (header_len,) = struct.unpack("<Q", handle.read(8).ljust(8, b"\0"))
+            if size < 8 or header_len > size - 8:
+                return f"truncated ({size} bytes)"
+            header = json.loads(handle.read(header_len).decode("utf-8"))
+        end = max((info["data_offsets"][1] for key, info in header.items() if key != "__metadata__"), default=0)
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        return f"unreadable ({type(exc).__name__})"
+    expected = 8 + header_len + end
+    return None if size == expected else f"is {size} bytes, its header says {expected}"
 
 
 def _flatten_optimizer(sd: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict]:

@@ -3,11 +3,16 @@ run files. ``bench/faults.py`` runs larger randomized versions of these probes."
 
 from __future__ import annotations
 
+import logging
+import os
 import random
 import re
+import shutil
 import time
+from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from coevolve.grading import MAX_TEXT_CHARS, extract_answer, majority_vote, pop_bound_counts, tag_blocks
 from coevolve.grading.guard import PARSE_ERROR, TEXT_TOO_LONG, VOTE_OVER_BUDGET
@@ -18,6 +23,7 @@ from coevolve.recipes.r_zero import has_think_format, parse_questioner_output
 from coevolve.rewards.filters import filter_reasons, is_multi_part
 from coevolve.rewards.format import _has_final_phrase, parse_teacher_output, student_format_score
 from coevolve.rollout import Completion
+from coevolve.store import RunStore
 from coevolve.tasks import arith, math, mcq
 
 BOXED = "so \\boxed{5}"
@@ -138,3 +144,113 @@ def test_a_vote_over_slow_answers_stops_comparing_at_its_budget():
     assert pop_bound_counts()[VOTE_OVER_BUDGET] == 1
     assert majority_vote(answers, lambda a, b: False, budget_s=60).support == 1  # all 28 pairs compared in time
     assert pop_bound_counts()[VOTE_OVER_BUDGET] == 0
+
+
+# ------------------------------------------------------------------------------------------ damaged checkpoints
+
+
+def _grpo(model_dir, steps: int = 2):
+    from coevolve.recipes import resolve
+
+    config, params, cls = resolve("grpo", sets=[
+        f"model={model_dir}", f"steps={steps}", "eval_sets=[]", "params.questions_per_step=2", "params.group_size=2",
+        "rollout.max_new_tokens=8", "train.lr=1e-2", "keep_checkpoints=2"])
+    return cls(config, params), config
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(random_model_dir, tmp_path_factory):
+    """A finished 2-step GRPO run with the checkpoints of both steps."""
+    from coevolve.loop import run
+
+    out = tmp_path_factory.mktemp("faults") / "run"
+    run(*_grpo(random_model_dir), out, progress=False)
+    return out
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGES = {
+    "truncated weights": lambda folder: _truncate(folder / "solver.safetensors"),
+    "missing optimizer": lambda folder: (folder / "solver.optim.safetensors").unlink(),
+    "empty state.json": lambda folder: (folder / "state.json").write_bytes(b""),
+    "garbage state.json": lambda folder: (folder / "state.json").write_bytes(b"\xff{garbage"),
+    "truncated rng": lambda folder: _truncate(folder / "rng.safetensors"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_resume_continues_from_the_newest_intact_checkpoint(two_checkpoints, random_model_dir, tmp_path, damage,
+                                                            caplog):
+    from coevolve.loop import run
+
+    out = tmp_path / "run"
+    shutil.copytree(two_checkpoints, out)
+    latest = out / "checkpoints" / "step_000002"
+    straight = load_file(two_checkpoints / "checkpoints" / "step_000002" / "solver.safetensors")
+    DAMAGES[damage](latest)
+    with caplog.at_level(logging.WARNING):
+        run(*_grpo(random_model_dir), out, resume=True, progress=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "step_000002" in warnings[0] and "resuming from step_000001" in warnings[0]
+    assert [r["step"] for r in RunStore(out).metrics()] == [1, 2]  # step 2 redone, none repeated
+    redone = load_file(latest / "solver.safetensors")  # from step 1's checkpoint: the weights of the straight run
+    assert max(float((redone[k] - straight[k]).abs().max()) for k in straight) < 1e-6
+    assert (out / "checkpoints" / "damaged_step_000002").is_dir()  # set aside, not deleted
+
+
+def test_no_intact_checkpoint_is_one_error_line(two_checkpoints, random_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from coevolve.cli import app
+
+    out = tmp_path / "run"
+    shutil.copytree(two_checkpoints, out)
+    for step in (1, 2):
+        _truncate(out / "checkpoints" / f"step_00000{step}" / "rng.safetensors")
+    result = CliRunner().invoke(app, ["run", "--resume", str(out), "--quiet"])
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code != 0 and len(errors) == 1 and "Traceback" not in result.output, result.output
+    assert "step_000001/rng.safetensors" in errors[0] and "step_000002/rng.safetensors" in errors[0]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001", "step_000002"]  # kept
+
+
+def test_invalid_utf8_in_run_files_stops_neither_resume_nor_report(two_checkpoints, random_model_dir, tmp_path):
+    from coevolve.analytics.report import write_report
+    from coevolve.loop import run
+
+    out = tmp_path / "run"
+    shutil.copytree(two_checkpoints, out)
+    with open(out / "metrics.jsonl", "ab") as handle:
+        handle.write(b'{"step": 2, "note": "\xff\xfe"}\n\xc3\x28 torn')
+    samples = out / "samples" / "step_000001.jsonl"
+    samples.write_bytes(samples.read_bytes() + b'{"completion": "\xed\xa0\x80 \xe2\x80\xa8"}\n')
+    assert RunStore(out).samples(1)[-1]["completion"].endswith("\u2028")  # a row is split at newlines only
+    run(*_grpo(random_model_dir, steps=3), out, resume=True, progress=False)
+    assert [r["step"] for r in RunStore(out).metrics() if "solver/loss" in r] == [1, 2, 3]
+    assert write_report(out, tmp_path / "report.html", embed=False).exists()
+
+
+def test_a_checkpoint_is_written_under_a_temporary_name_and_synced_before_it_appears(tmp_path, monkeypatch):
+    """Every file and the folder are fsynced before the rename; the rename's folder after it."""
+    import torch
+
+    from coevolve import store
+
+    synced, events = [], []
+    monkeypatch.setattr(store, "fsync_path", lambda path: synced.append(Path(path)))
+    real_replace = os.replace
+    monkeypatch.setattr(store.os, "replace", lambda a, b: (events.append((list(synced), Path(a), Path(b))),
+                                                           real_replace(a, b)))
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    final = RunStore(tmp_path).save_checkpoint(1, {"solver": model}, {"solver": optimizer}, {"x": 1})
+    [(synced_before, tmp, target)] = events
+    assert target == final and tmp.name.startswith(".step_000001.")
+    assert {p.name for p in synced_before} == {"solver.safetensors", "solver.optim.safetensors", "rng.safetensors",
+                                                "state.json", tmp.name}
+    assert synced[-1] == tmp_path / "checkpoints"
