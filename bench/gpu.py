@@ -31,9 +31,10 @@ import argparse
 import json
 import string
 import tempfile
+from functools import partial
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from speed import RESULTS_DIR, machine_info, run_header, write_json
@@ -90,28 +91,65 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_sampling(folder: Path, device: torch.device, prompts: int, tokens: int) -> dict[str, Any]:
+SAMPLERS = {  # what each sampling variant runs: (engine dtype, CUDA graphs); "generate" is transformers' own loop
+    "fp32": (None, False),  # the HF engine's plain loop on the trainer's fp32 weights (before this work, the default)
+    "bf16": (torch.bfloat16, False),  # the static decoder on a bf16 copy, each step launched from Python
+    "bf16_graphs": (torch.bfloat16, True),  # the same with each step replayed as a CUDA graph (the GPU default)
+}
+
+
+def bench_sampling(folder: Path, device: torch.device, prompts: int, tokens: int, variant: str) -> dict[str, Any]:
+    """Tokens/s of one sampling variant on ``prompts`` x ``tokens`` new tokens, EOS ignored (every row runs to the
+    end). ``generate``: transformers' ``model.generate`` on the model cast to bf16, its default dynamic cache;
+    ``continuous``: transformers' continuous batching (``model.generate_batch``, paged cache) in bf16."""
     from coevolve.models import load_policy
     from coevolve.rollout import SamplingParams
     from coevolve.rollout.hf import HFRolloutEngine
 
     policy = load_policy(str(folder), device=str(device))
-    engine = HFRolloutEngine(policy.model, policy.tokenizer, batch_size=prompts, eos_token_ids=[])
     texts = [policy.format_prompt(f"What is {i} + {2 * i}?") for i in range(prompts)]
-    params = SamplingParams(temperature=1.0, max_new_tokens=tokens)
-    engine.generate(texts[:2], SamplingParams(temperature=1.0, max_new_tokens=4), seed=0)  # warm-up
-    sync(device)
-    started = time.perf_counter()
-    completions = engine.generate(texts, params, seed=1)
-    sync(device)
-    seconds = time.perf_counter() - started
-    generated = sum(len(c.token_ids) for c in completions)
-    del engine, policy
-    return {"prompts": prompts, "new_tokens": tokens, "seconds": seconds, "tokens_per_s": generated / seconds}
+    if variant == "generate":
+        model = policy.model.to(torch.bfloat16)
+        batch = policy.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left").to(device)
+
+        def run(n: int, new: int) -> int:
+            out = model.generate(input_ids=batch["input_ids"][:n], attention_mask=batch["attention_mask"][:n],
+                                 do_sample=True, max_new_tokens=new, min_new_tokens=new,
+                                 pad_token_id=policy.tokenizer.pad_token_id)
+            return (out.shape[1] - batch["input_ids"].shape[1]) * n
+    elif variant == "continuous":
+        from transformers import GenerationConfig
+
+        model = policy.model.to(torch.bfloat16)
+        ids = [policy.tokenizer(t)["input_ids"] for t in texts]
+
+        def run(n: int, new: int) -> int:
+            config = GenerationConfig(do_sample=True, max_new_tokens=new, eos_token_id=-1,
+                                      pad_token_id=policy.tokenizer.pad_token_id)
+            out = model.generate_batch(inputs=ids[:n], generation_config=config)
+            return sum(len(o.generated_tokens) for o in out.values())
+    else:
+        dtype, graphs = SAMPLERS[variant]
+        engine = HFRolloutEngine(policy.model, policy.tokenizer, batch_size=prompts, eos_token_ids=[], dtype=dtype,
+                                 cuda_graphs=graphs)
+
+        def run(n: int, new: int) -> int:
+            params = SamplingParams(temperature=1.0, max_new_tokens=new)
+            return sum(len(c.token_ids) for c in engine.generate(texts[:n], params, seed=1))
+    run(prompts, 4)  # warm-up at the measured batch size: kernels, cuBLAS, the bf16 copy
+    calls = []  # the first call at these sizes captures the graphs (a recipe's first step pays it once)
+    for _ in range(2 if variant == "bf16_graphs" else 1):
+        sync(device)
+        started = time.perf_counter()
+        generated = run(prompts, tokens)
+        sync(device)
+        calls.append(time.perf_counter() - started)
+    return {"variant": variant, "prompts": prompts, "new_tokens": tokens, "seconds": calls[-1],
+            "first_call_s": calls[0], "tokens_per_s": generated / calls[-1]}
 
 
 def bench_training(folder: Path, device: torch.device, sequences: int, prompt_len: int, completion_len: int,
-                   micro_batch: int) -> dict[str, Any]:
+                   micro_batch: int, profile: bool = False) -> dict[str, Any]:
     from coevolve.models import load_policy
     from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
 
@@ -127,11 +165,15 @@ def bench_training(folder: Path, device: torch.device, sequences: int, prompt_le
                 for i, row in enumerate(ids)]
 
     trainer.update(batch(micro_batch))  # warm-up: kernels, AdamW state
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     sync(device)
     started = time.perf_counter()
     trainer.update(batch(sequences))
     sync(device)
     seconds = time.perf_counter() - started
+    peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    top = top_kernels(lambda: trainer.update(batch(sequences)), device) if profile else None
     tokens = sequences * (prompt_len + completion_len)
     n_params = sum(p.numel() for p in model.parameters())
     flops_per_token = 6 * n_params + 6 * config.num_hidden_layers * config.hidden_size * (prompt_len + completion_len)
@@ -139,9 +181,29 @@ def bench_training(folder: Path, device: torch.device, sequences: int, prompt_le
     achieved = flops_per_token * tokens / seconds / 1e12
     result = {"sequences": sequences, "tokens_per_sequence": prompt_len + completion_len, "micro_batch": micro_batch,
               "parameters": n_params, "seconds": seconds, "tokens_per_s": tokens / seconds,
-              "achieved_tflops": achieved, "peak_bf16_tflops": peak, "mfu": achieved / peak if peak else None}
+              "achieved_tflops": achieved, "peak_bf16_tflops": peak, "mfu": achieved / peak if peak else None,
+              "peak_memory_gib": peak_gib, "top_kernels": top}
     del trainer, policy, model
     return result
+
+
+def top_kernels(work: Callable[[], object], device: torch.device, rows: int = 15) -> list[dict[str, Any]]:
+    """The kernels (or, on the CPU, operators) that took the most device time in one run of ``work``
+    (torch.profiler), with their share of the total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        work()
+        sync(device)
+    cuda = device.type == "cuda"
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    kernel = torch.autograd.DeviceType.CUDA
+    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0 and (not cuda or e.device_type == kernel)]
+    total = sum(getattr(e, attr) for e in events) or 1.0
+    events.sort(key=lambda e: getattr(e, attr), reverse=True)
+    return [{"name": e.key[:90], "ms": getattr(e, attr) / 1e3, "share": getattr(e, attr) / total, "calls": e.count}
+            for e in events[:rows]]
 
 
 def bench_two_role_step(folder: Path, device: torch.device, sizes: dict[str, int], offload: bool) -> dict[str, Any]:
@@ -175,13 +237,34 @@ def bench_two_role_step(folder: Path, device: torch.device, sizes: dict[str, int
             "peak_gpu_memory_gib": peak_gib}
 
 
+def guarded(name: str, results: dict[str, Any], path: Path, measure: Callable[[], dict[str, Any]]) -> None:
+    """Run one measurement into ``results[name]``; a failure is recorded (one line) and the next one still runs.
+    The results file is rewritten after each, so a call cut short keeps what it measured."""
+    print(f"-- {name}", flush=True)
+    try:
+        results[name] = measure()
+    except Exception as exc:  # noqa: BLE001 - a benchmark records what failed and goes on
+        results[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    print(json.dumps(results[name]), flush=True)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    write_json(path, RESULTS)
+
+
+RESULTS: dict[str, Any] = {}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=["0.5b", "1.5b"])
     parser.add_argument("--smoke", action="store_true", help="tiny model, tiny sizes, on the CPU")
+    parser.add_argument("--quick", action="store_true",
+                        help="fit one 15-minute device budget: the slow samplers (fp32, generate) on --anchor-tokens "
+                             "new tokens instead of all of them, the two-role step at 1.5B only")
     parser.add_argument("--offload", action="store_true", help="two-role step with train.offload_idle_role")
     parser.add_argument("--sample-prompts", type=int, default=256)
     parser.add_argument("--sample-tokens", type=int, default=512)
+    parser.add_argument("--anchor-tokens", type=int, default=64, help="--quick: new tokens for fp32 and generate")
     parser.add_argument("--train-sequences", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "coevolve-gpu-bench")
@@ -199,29 +282,33 @@ def main() -> None:
         "rollout.max_new_tokens": 8 if small else 512, "rollout.batch_size": 4 if small else 256,
         "train.micro_batch_size": 2 if small else args.micro_batch,
     }
-    results: dict[str, Any] = {**run_header(), "machine": machine_info(), "smoke": small, "models": {}}
+    path = RESULTS_DIR / ("gpu_smoke.json" if small else "gpu_quick.json" if args.quick else "gpu.json")
+    RESULTS.update({**run_header(), "machine": machine_info(), "smoke": small, "quick": args.quick})
     if device.type == "cuda":
-        results["machine"]["gpu"] = torch.cuda.get_device_name(device)
+        RESULTS["machine"]["gpu"] = torch.cuda.get_device_name(device)
+        RESULTS["machine"]["torch"] = torch.__version__
+    prompts, tokens = (4, 8) if small else (args.sample_prompts, args.sample_tokens)
+    anchor = min(args.anchor_tokens, tokens) if args.quick else tokens
     for shape in shapes:
         folder = build_model_folder(shape, args.scratch / shape)
         print(f"== {shape} ({folder})", flush=True)
-        row = {
-            "sampling": bench_sampling(folder, device, 4 if small else args.sample_prompts,
-                                       8 if small else args.sample_tokens),
-            "training": bench_training(folder, device, 4 if small else args.train_sequences, 8 if small else 128,
-                                       8 if small else 512, 2 if small else args.micro_batch),
-            "two_role_step": bench_two_role_step(folder, device, step_sizes, args.offload),
-        }
-        results["models"][shape] = row
-        print(json.dumps(row, indent=2), flush=True)
-    write_json(RESULTS_DIR / ("gpu_smoke.json" if small else "gpu.json"), results)
-    for shape, row in results["models"].items():
-        s, t, two = row["sampling"], row["training"], row["two_role_step"]
-        mfu = f"{100 * t['mfu']:.1f}%" if t["mfu"] is not None else "n/a"
-        peak = f"{two['peak_gpu_memory_gib']:.1f} GiB" if two["peak_gpu_memory_gib"] is not None else "n/a"
-        print(f"{shape}: sampling {s['tokens_per_s']:.0f} tok/s  training {t['tokens_per_s']:.0f} tok/s "
-              f"(MFU {mfu})  two-role step peak memory {peak}, "
-              f"{sum(v['seconds'] for v in two['steps'].values()):.1f} s")
+        for variant, new in (("bf16_graphs", tokens), ("bf16", tokens), ("fp32", anchor), ("generate", anchor)):
+            guarded(f"{shape}/sampling/{variant}", RESULTS, path,
+                    partial(bench_sampling, folder, device, prompts, new, variant))
+        guarded(f"{shape}/training", RESULTS, path, partial(
+            bench_training, folder, device, 4 if small else args.train_sequences, 8 if small else 128,
+            8 if small else 512, 2 if small else args.micro_batch, profile=True))
+        if not args.quick or shape != "0.5b":
+            guarded(f"{shape}/two_role_step", RESULTS, path,
+                    partial(bench_two_role_step, folder, device, step_sizes, args.offload))
+    # Last, as it may spend minutes on its own warm-up: transformers' continuous batching on the first size.
+    folder = args.scratch / shapes[0]
+    guarded(f"{shapes[0]}/sampling/continuous", RESULTS, path,
+            partial(bench_sampling, folder, device, prompts, anchor, "continuous"))
+    for key, row in RESULTS.items():
+        if "/" in key:
+            print(f"{key}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                         for k, v in row.items() if not isinstance(v, dict)))
 
 
 if __name__ == "__main__":
