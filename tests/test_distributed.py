@@ -34,10 +34,30 @@ def final_weights(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
     return {f.stem: load_file(f) for f in last.glob("*.safetensors") if not f.stem.endswith(("optim", "rng"))}
 
 
-def max_weight_gap(a: Path, b: Path) -> float:
+# What must hold on any CPU: two runs with the same global batch take the same AdamW updates up to float noise. The
+# processes sum gradients in another order, so gradients differ by rounding noise, large where a coordinate's
+# gradient is a cancellation of large per-sample terms (advantages sum to zero in a group); AdamW divides by the
+# gradient's own running size, which turns that noise into weight gaps of a fraction of the step size on those
+# coordinates, set by the CPU's kernels (r_zero at lr 1e-3: max gap 2.6e-5 on AMD EPYC, 1.5e-5 on Intel Xeon). So
+# the tests bound the gap as a share of how far training moved the weights, which does not depend on the learning
+# rate: measured up to 6e-5 (r_zero's solver on AMD EPYC); a gradient share lost, doubled or taken from another
+# batch moves the weights differently at order 1.
+UPDATE_GAP = 1e-3
+
+
+def update_gap(a: Path, b: Path, model_dir: Path) -> float:
+    """Largest over roles of |w_b - w_a| / |w_a - w_0| (L2 norms over all the role's weights, w_0 the model's)."""
+    start = load_file(Path(model_dir) / "model.safetensors")
+    start.setdefault("lm_head.weight", start["model.embed_tokens.weight"])  # tied: checkpoints keep the lm_head name
     wa, wb = final_weights(a), final_weights(b)
     assert wa.keys() == wb.keys()
-    return max(float((wa[r][k] - wb[r][k]).abs().max()) for r in wa for k in wa[r])
+    gaps = []
+    for role in wa:
+        gap = sum(float((wa[role][k] - wb[role][k]).double().square().sum()) for k in wa[role])
+        moved = sum(float((wa[role][k] - start[k]).double().square().sum()) for k in wa[role])
+        assert moved > 0, f"{role} did not train"
+        gaps.append((gap / moved) ** 0.5)
+    return max(gaps)
 
 
 def samples(run_dir: Path) -> list[list[str]]:
@@ -85,10 +105,10 @@ def test_two_processes_train_the_same_weights_as_one(one_process_run, small_tiny
     assert done.returncode == 0, done.stderr[-2000:]
     assert trained_steps(one_process_run) == 3  # real updates, not zero gradients
     assert samples(out) == samples(one_process_run)  # each rank sampled its share; every rank saw all of it
-    gap = max_weight_gap(one_process_run, out)
+    gap = update_gap(one_process_run, out, small_tiny_arith[1])
     with capsys.disabled():
-        print(f"\n2 processes vs 1, dynamic_rl 3 steps: max |weight difference| = {gap:.2e}")
-    assert gap < 1e-5
+        print(f"\n2 processes vs 1, dynamic_rl 3 steps: |weight difference| / |update| = {gap:.2e}")
+    assert gap < UPDATE_GAP
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows].count(3) == 2  # rank 0 alone wrote the metrics: one step row, one eval row
 
@@ -105,7 +125,7 @@ def test_accelerate_launch_trains_the_same_weights_as_one_process(one_process_ru
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr.count("run directory:") == 1  # rank 0 alone speaks
     assert samples(out) == samples(one_process_run)
-    assert max_weight_gap(one_process_run, out) < 1e-5
+    assert update_gap(one_process_run, out, small_tiny_arith[1]) < UPDATE_GAP
 
 
 @pytest.mark.slow
@@ -118,14 +138,15 @@ def test_fsdp_run_killed_and_resumed_trains_the_same_weights_as_one(one_process_
     done = launch(["run", "--resume", str(out), "--quiet", "--processes", "2"])  # shards loaded from whole files
     assert done.returncode == 0, done.stderr[-2000:]
     assert samples(out) == samples(one_process_run)  # sampling and evaluation ran on gathered weights
-    gap = max_weight_gap(one_process_run, out)  # the gathered checkpoint has the one-process files' names
+    gap = update_gap(one_process_run, out, small_tiny_arith[1])  # the gathered checkpoint has the one-process names
     with capsys.disabled():
-        print(f"\nFSDP on 2 processes (killed, resumed) vs 1, dynamic_rl 3 steps: max |weight difference| = {gap:.2e}")
-    assert gap < 1e-5
+        print(f"\nFSDP on 2 processes (killed, resumed) vs 1, dynamic_rl 3 steps: |weight difference| / |update| = "
+              f"{gap:.2e}")
+    assert gap < UPDATE_GAP
 
 
 @pytest.mark.slow
-def test_two_role_recipe_on_two_processes_matches_one(small_tiny_arith, tmp_path):
+def test_two_role_recipe_on_two_processes_matches_one(small_tiny_arith, tmp_path, capsys):
     args = ["run", "r_zero", "--quiet", "--set", f"model={small_tiny_arith[1]}", "--set", "steps=4",
             "--set", "eval_sets=[]", "--set", "params.questioner_steps=2", "--set", "params.solver_steps=2",
             "--set", "params.questioner_prompts=4", "--set", "params.questioner_group=4",
@@ -138,14 +159,17 @@ def test_two_role_recipe_on_two_processes_matches_one(small_tiny_arith, tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     assert trained_steps(one, "questioner") + trained_steps(one, "solver") >= 2
     assert samples(one) == samples(two)
-    assert max_weight_gap(one, two) < 1e-5
+    gap = update_gap(one, two, small_tiny_arith[1])
+    with capsys.disabled():
+        print(f"\n2 processes vs 1, r_zero 4 steps: |weight difference| / |update| = {gap:.2e}")
+    assert gap < UPDATE_GAP
     # Both roles sharded, activations recomputed in the backward pass: still the one-process weights.
     sharded = tmp_path / "fsdp"
     done = launch([*args, "--out", str(sharded), "--processes", "2", "--set", "train.fsdp=true",
                    "--set", "train.gradient_checkpointing=true"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert samples(one) == samples(sharded)
-    assert max_weight_gap(one, sharded) < 1e-5
+    assert update_gap(one, sharded, small_tiny_arith[1]) < UPDATE_GAP
     # The solver's AdamW state was saved empty (steps 1-2 train the questioner) and still counts one step.
     assert adam_step_counts(sharded) == adam_step_counts(one)
 
@@ -158,7 +182,7 @@ def test_killed_two_process_run_resumes(one_process_run, small_tiny_arith, tmp_p
     done = launch(["run", "--resume", str(out), "--quiet", "--processes", "2"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert samples(out) == samples(one_process_run)
-    assert max_weight_gap(one_process_run, out) < 1e-5
+    assert update_gap(one_process_run, out, small_tiny_arith[1]) < UPDATE_GAP
 
 
 @pytest.mark.slow
