@@ -13,7 +13,8 @@ from typing import Callable, Sequence
 import torch
 from transformers import StaticCache
 
-from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, SamplingParams, weights_version
+from coevolve.rollout.base import (PROMPT_SEED_STRIDE, Completion, SamplingParams, left_pad, position_ids_from_mask,
+                                   weights_version)
 from coevolve.rollout.constrained import RegexConstraint
 from coevolve.rollout.static_decode import SLOT_ROUNDING, Shape, StaticDecoder
 from coevolve.rollout.static_decode import supports as supports_static
@@ -25,23 +26,6 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     bos = getattr(tokenizer, "bos_token", None)
     add_special = not (bos and text.startswith(bos))
     return tokenizer(text, add_special_tokens=add_special)["input_ids"]
-
-
-def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad id lists to one tensor; returns (input_ids, attention_mask)."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        if seq:
-            ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-            mask[row, width - len(seq):] = 1
-    return ids, mask
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that start at 0 on each row's first real token (left padding gets position 0)."""
-    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def truncate_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from coevolve.rollout.base import SamplingParams
+from coevolve.rollout.base import SamplingParams, left_pad, position_ids_from_mask
 
 DECODE_ATTENTION = "coevolve_decode"
 BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -86,9 +86,6 @@ class StaticKVCache:
         keys.index_copy_(2, self.write_at, key_states)
         values.index_copy_(2, self.write_at, value_states)
         return keys, values
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.keys[layer_idx].shape[2]
 
     def move_rows(self, keep: torch.Tensor) -> None:
         """Rows ``keep`` become rows 0..len(keep)-1, layer by layer (a temporary of one layer's rows at a time)."""
@@ -198,14 +195,9 @@ class StaticDecoder:
         distinct = list(dict.fromkeys(map(tuple, prompt_ids)))
         index = {ids: i for i, ids in enumerate(distinct)}
         expand = torch.tensor([index[tuple(ids)] for ids in prompt_ids], device=device)
-        width = max(len(ids) for ids in distinct)
-        ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)
-        real = torch.zeros((len(distinct), width), dtype=torch.bool)
-        for row, seq in enumerate(distinct):
-            ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-            real[row, width - len(seq):] = True
-        ids, real = ids.to(device), real.to(device)
-        positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+        ids, attention = left_pad(distinct, pad_id)
+        ids, attention = ids.to(device), attention.to(device)
+        width, real, positions = ids.shape[1], attention.bool(), position_ids_from_mask(attention)
         visible = torch.ones(width, width, dtype=torch.bool, device=device).tril() & real[:, None, :]
         mask = self._additive(visible[:, None])
         prefill = StaticKVCache.allocate(self.model.config, len(distinct), width, self.dtype, device)
