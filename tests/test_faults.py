@@ -195,7 +195,9 @@ def test_resume_continues_from_the_newest_intact_checkpoint(two_checkpoints, ran
         run(*_grpo(random_model_dir), out, resume=True, progress=False)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "step_000002" in warnings[0] and "resuming from step_000001" in warnings[0]
-    assert [r["step"] for r in RunStore(out).metrics()] == [1, 2]  # step 2 redone, none repeated
+    rows = RunStore(out).metrics()
+    assert [r["step"] for r in rows] == [1, 2]  # step 2 redone, none repeated
+    assert all(r[TEXT_TOO_LONG] == r[PARSE_ERROR] == r[VOTE_OVER_BUDGET] == 0 for r in rows)  # bounds in every row
     redone = load_file(latest / "solver.safetensors")  # from step 1's checkpoint: the weights of the straight run
     assert max(float((redone[k] - straight[k]).abs().max()) for k in straight) < 1e-6
     assert (out / "checkpoints" / "damaged_step_000002").is_dir()  # set aside, not deleted
