@@ -97,11 +97,6 @@ def all_reduce_gradients(parameters: Sequence[torch.nn.Parameter]) -> None:
         dist.all_reduce(p.grad)
 
 
-def largest_share(n: int) -> int:
-    """The number of items of the rank with the most in :func:`shard_bounds` (``unit`` 1)."""
-    return -(-n // world_size())
-
-
 def shard_bounds(n: int, *, unit: int = 1) -> tuple[int, int]:
     """[start, end) of this rank's contiguous share of ``n`` items, in whole units of ``unit`` items."""
     units = -(-n // unit)

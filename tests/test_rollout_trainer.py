@@ -131,3 +131,40 @@ def test_micro_batches_accumulate_to_the_full_batch_step(random_policy):
         assert torch.allclose(weights[0], weights[1], atol=1e-6) and torch.allclose(weights[0], weights[2], atol=1e-6)
         results.append(weights[0])
     assert not torch.allclose(results[0], results[2])  # C=25 differs from the per-sequence mean
+
+
+
+def test_micro_batches_by_tokens_accumulate_the_same_step_as_by_sequences(random_policy):
+    """Micro-batches cut by a token budget (packed or padded; pi_old and the reference cut the same way) accumulate
+    the gradient that micro-batches of sequences do, and no pass exceeds the budget unless one sequence does."""
+    import copy
+
+    from coevolve.rl.trainer import _micro_batch_order, _pass_tokens, micro_batches
+
+    gen = torch.Generator().manual_seed(0)
+    prompts = [random_policy.tokenizer(p)["input_ids"] for p in PROMPTS]
+    samples = [TrainSample(prompts[k % 4], torch.randint(3, 100, (n,), generator=gen).tolist(), [-3.0] * n, a)
+               for k, (n, a) in enumerate(zip((5, 12, 9, 3, 30, 2, 7, 4), (1, -0.5, 2, -1, 0.5, 1, -2, 0.3)))]
+    results = []
+    for by in ({"micro_batch_size": 3}, {"micro_batch_tokens": 40}, {"micro_batch_tokens": 90}):
+        # two epochs of one step: the second step's pi_old and reference come from the no-grad passes
+        settings = UpdateSettings(lr=1e-2, epochs=2, kl_beta=0.1, loss_agg="token_mean", grad_clip=0.0, **by)
+        model = copy.deepcopy(random_policy.model)
+        trainer = PolicyTrainer(model, random_policy.tokenizer, settings)
+        cuts = micro_batches(model, samples, _micro_batch_order(model, samples, range(len(samples))), settings)
+        assert sorted(i for cut in cuts for i in cut) == list(range(len(samples)))
+        if settings.micro_batch_tokens:
+            assert len(cuts) > 1 and max(len(cut) for cut in cuts) > 1
+            for cut in cuts:
+                part = [samples[i] for i in cut]
+                tokens = _pass_tokens(model, sum(len(s.completion_ids) for s in part)
+                                      + sum(len(p) for p in {tuple(s.prompt_ids) for s in part}),
+                                      max(len(s.prompt_ids) + len(s.completion_ids) for s in part), len(part))
+                assert tokens <= settings.micro_batch_tokens or len(part) == 1
+        stats = trainer.update(samples)
+        assert stats["optimizer_steps"] == 2 and stats["skipped_steps"] == 0
+        results.append((torch.cat([p.grad.flatten() for p in model.parameters()]), stats))
+    for grads, stats in results[1:]:
+        assert torch.allclose(grads, results[0][0], atol=1e-5)
+        assert stats.keys() == results[0][1].keys()
+        assert all(abs(stats[k] - results[0][1][k]) < 1e-5 for k in stats)

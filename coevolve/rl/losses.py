@@ -146,25 +146,22 @@ def policy_loss(
         c = float(norm_constant) if norm_constant is not None else float(logprobs.shape[1])
         loss = ((loss_tok * mf).sum(dim=1) / c).sum() / n_seq
 
-    with torch.no_grad():
+    with torch.no_grad():  # the statistics stay on the device until one read at the end
         n_tok = mf.sum()
         denom_stats = n_tok.clamp(min=1.0)
 
-        def frac(cond: torch.Tensor) -> float:
-            return float((cond & m).sum() / denom_stats)
+        def frac(cond: torch.Tensor) -> torch.Tensor:
+            return (cond & m).sum() / denom_stats
 
-        def mean(x: torch.Tensor) -> float:
-            return float((x * mf).sum() / denom_stats)
+        def mean(x: torch.Tensor) -> torch.Tensor:
+            return (x * mf).sum() / denom_stats
 
         # A finite loss can still carry NaN gradients (an overflowed ratio on a clipped token gives 0 * inf in
         # exp's backward), so the per-token intermediates are checked too, not only the inputs and the loss.
-        nonfinite = (
-            any(bool((~torch.isfinite(x.detach()) & m).any()) for x in inputs)
-            or not bool(torch.isfinite(ratio).all())
-            or not bool(torch.isfinite(loss_tok.detach()).all())
-            or not bool(torch.isfinite(loss.detach()))
-        )
-        stats: dict[str, float | bool] = {
+        nonfinite = torch.stack([*((~torch.isfinite(x.detach()) & m).any() for x in inputs),
+                                 ~torch.isfinite(ratio).all(), ~torch.isfinite(loss_tok.detach()).all(),
+                                 ~torch.isfinite(loss.detach())]).any()
+        measured: dict[str, torch.Tensor | float] = {
             "ratio_mean": mean(ratio),
             "clip_frac_low": frac((ratio < 1.0 - clip_low) & (adv < 0)),
             "clip_frac_high": frac((ratio > 1.0 + clip_high) & (adv > 0)),
@@ -173,10 +170,15 @@ def policy_loss(
             "tis_clip_frac": frac(raw_w > tis_cap) if use_tis else 0.0,
             "tis_weight_mean": mean(weight) if use_tis else 1.0,
             "rollout_ratio_mean": mean(raw_w) if rollout_logprobs is not None else 1.0,
-            "rollout_ratio_max": float(torch.where(m, raw_w, torch.ones_like(raw_w)).max())
-            if rollout_logprobs is not None and bool(m.any()) else 1.0,
-            "n_tokens": float(n_tok),
+            # 1 when no token is in the mask (all ones then)
+            "rollout_ratio_max": torch.where(m, raw_w, torch.ones_like(raw_w)).max()
+            if rollout_logprobs is not None and m.numel() else 1.0,
+            "n_tokens": n_tok,
             "n_sequences": float(logprobs.shape[0]),
             "nonfinite": nonfinite,
         }
+        on_device = {k: v for k, v in measured.items() if isinstance(v, torch.Tensor)}
+        read = dict(zip(on_device, torch.stack([v.double() for v in on_device.values()]).tolist()))
+        stats: dict[str, float | bool] = {k: read.get(k, v) for k, v in measured.items()}
+        stats["nonfinite"] = bool(stats["nonfinite"])
     return loss, stats

@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 
 from coevolve import distributed
+from coevolve.rl import logprob_head
 from coevolve.rl.losses import policy_loss
 from coevolve.rl.residency import Residency
 from coevolve.rollout.hf import left_pad, position_ids_from_mask
@@ -44,6 +45,7 @@ class UpdateSettings:
     grad_clip: float = 1.0
     mini_batch_size: int = 0  # sequences per optimizer step; 0 = the whole batch
     micro_batch_size: int = 8  # sequences per forward/backward pass
+    micro_batch_tokens: int | None = None  # tokens per forward/backward pass instead (see micro_batches)
     epochs: int = 1  # passes over the rollout batch (PPO epochs)
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -68,8 +70,9 @@ def sequence_logprobs(model, samples: Sequence[TrainSample], pad_id: int, temper
 
     Row i holds sample i's completion in its last ``len(completion_ids)`` columns (T = the longest completion).
     Each log-prob is the target's logit minus the log-sum-exp of its row (no [B, T, V] log-softmax), and logits
-    are computed only where a completion token is predicted. The micro-batch runs packed in one row when the
-    model takes a 4D attention mask (:func:`packed_logprobs`); otherwise left-padded (:func:`padded_logprobs`).
+    are computed only where a completion token is predicted (:func:`_logprobs_at`). The micro-batch runs packed in
+    one row when the model takes a 4D attention mask (:func:`packed_logprobs`); otherwise left-padded
+    (:func:`padded_logprobs`).
     """
     width = max(len(s.completion_ids) for s in samples)
     device = next(model.parameters()).device
@@ -77,9 +80,17 @@ def sequence_logprobs(model, samples: Sequence[TrainSample], pad_id: int, temper
         logprobs = packed_logprobs(model, samples, width, temperature)
     else:
         logprobs = padded_logprobs(model, samples, pad_id, width, temperature)
-    lengths = torch.tensor([len(s.completion_ids) for s in samples], device=device)
-    mask = (torch.arange(width, device=device) >= width - lengths[:, None]).to(logprobs.dtype)
+    lengths = torch.tensor([len(s.completion_ids) for s in samples])
+    mask, = _to_device(device, (torch.arange(width) >= width - lengths[:, None]).to(logprobs.dtype))
     return logprobs, mask
+
+
+def _to_device(device: torch.device, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Host tensors on ``device``. On CUDA they are copied from pinned memory without waiting for the GPU (a copy
+    from pageable memory synchronises the stream, which would stall every micro-batch's first kernels)."""
+    if device.type != "cuda":
+        return [t.to(device) for t in tensors]
+    return [t.pin_memory().to(device, non_blocking=True) for t in tensors]
 
 
 def takes_4d_mask(model) -> bool:
@@ -91,9 +102,13 @@ def packs(model, samples: Sequence[TrainSample]) -> bool:
     """Whether :func:`sequence_logprobs` packs these samples: a model that :func:`takes_4d_mask`, at most
     ``PACK_MAX_TOKENS`` packed tokens, and no sequence longer than a sliding attention window."""
     longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    window = getattr(model.config, "sliding_window", None)
     packed = sum(len(s.completion_ids) for s in samples) + sum(len(p) for p in {tuple(s.prompt_ids) for s in samples})
-    return takes_4d_mask(model) and packed <= PACK_MAX_TOKENS and not (window and longest > window)
+    return _packs(model, packed, longest)
+
+
+def _packs(model, packed_tokens: int, longest: int) -> bool:
+    window = getattr(model.config, "sliding_window", None)
+    return takes_4d_mask(model) and packed_tokens <= PACK_MAX_TOKENS and not (window and longest > window)
 
 
 def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -103,15 +118,28 @@ def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     return logits.gather(-1, targets[..., None])[..., 0] - logits.logsumexp(-1)
 
 
+def _logprobs_at(model, inputs: dict[str, torch.Tensor], keep: torch.Tensor, targets: torch.Tensor,
+                 temperature: float) -> torch.Tensor:
+    """[B, K] log-probs of ``targets`` [B, K] under the logits at sequence positions ``keep`` [K] of one pass over
+    ``inputs``: through the chunked head where it applies (:mod:`coevolve.rl.logprob_head`), else from the model's
+    own logits at those positions (transformers' ``logits_to_keep``)."""
+    split = logprob_head.split_model(model, targets.numel())
+    if split is None:
+        logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits
+        return _token_logprobs(logits, targets, temperature)
+    hidden = split.body(**inputs, use_cache=False).last_hidden_state
+    return logprob_head.head_logprobs(hidden[:, keep], split.head.weight, targets, temperature)
+
+
 def padded_logprobs(model, samples: Sequence[TrainSample], pad_id: int, width: int,
                     temperature: float) -> torch.Tensor:
     """[B, width] log-probs with prompt + completion left-padded together (completions end at the right edge)."""
     device = next(model.parameters()).device
     ids, attention = left_pad([s.prompt_ids + s.completion_ids for s in samples], pad_id)
-    ids, attention = ids.to(device), attention.to(device)
-    logits = model(input_ids=ids, attention_mask=attention, position_ids=position_ids_from_mask(attention),
-                   logits_to_keep=width + 1, use_cache=False).logits[:, :-1, :]
-    return _token_logprobs(logits, ids[:, -width:], temperature)
+    keep = torch.arange(ids.shape[1] - width - 1, ids.shape[1] - 1)  # the positions predicting the last width tokens
+    ids, attention, keep = _to_device(device, ids, attention, keep)
+    inputs = {"input_ids": ids, "attention_mask": attention, "position_ids": position_ids_from_mask(attention)}
+    return _logprobs_at(model, inputs, keep, ids[:, -width:], temperature)
 
 
 def packed_logprobs(model, samples: Sequence[TrainSample], width: int, temperature: float) -> torch.Tensor:
@@ -150,17 +178,17 @@ def packed_logprobs(model, samples: Sequence[TrainSample], width: int, temperatu
             targets += completion
             rows += [i] * n
             cols += range(width - n, width)
-    group_t, sample_t = torch.tensor(group_of, device=device), torch.tensor(sample_of, device=device)
+    ids_t, positions_t, group_t, sample_t, predictors_t, targets_t, rows_t, cols_t = _to_device(
+        device, *(torch.tensor(x, dtype=torch.long)
+                  for x in (ids, positions, group_of, sample_of, predictors, targets, rows, cols)))
     visible = (torch.ones(len(ids), len(ids), dtype=torch.bool, device=device).tril_()
                & (group_t[:, None] == group_t[None, :])
                & ((sample_t[None, :] == -1) | (sample_t[:, None] == sample_t[None, :])))
     mask = torch.zeros(len(ids), len(ids), dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-    logits = model(input_ids=torch.tensor([ids], device=device), attention_mask=mask[None, None],
-                   position_ids=torch.tensor([positions], device=device),
-                   logits_to_keep=torch.tensor(predictors, dtype=torch.long, device=device), use_cache=False).logits[0]
-    flat = _token_logprobs(logits, torch.tensor(targets, device=device), temperature)
+    inputs = {"input_ids": ids_t[None], "attention_mask": mask[None, None], "position_ids": positions_t[None]}
+    flat = _logprobs_at(model, inputs, predictors_t, targets_t[None], temperature)[0]
     out = torch.zeros(len(samples), width, dtype=flat.dtype, device=device)
-    return out.index_put((torch.tensor(rows, device=device), torch.tensor(cols, device=device)), flat)
+    return out.index_put((rows_t, cols_t), flat)
 
 
 def _right_aligned(values: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -177,6 +205,39 @@ def _micro_batch_order(model, samples: Sequence[TrainSample], indices: Sequence[
     if takes_4d_mask(model):
         return sorted(indices, key=lambda i: (samples[i].prompt_ids, len(samples[i].completion_ids)))
     return sorted(indices, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
+
+
+def micro_batches(model, samples: Sequence[TrainSample], order: Sequence[int],
+                  settings: UpdateSettings) -> list[list[int]]:
+    """The sample indices ``order`` cut, in that order, into the micro-batches of one forward/backward pass each.
+
+    ``micro_batch_size`` sequences each or, with ``micro_batch_tokens`` set, as many sequences as fit a pass of that
+    many tokens (each distinct prompt counted once when the pass packs, rows x the longest sequence when it pads);
+    a sequence longer than the budget gets a pass of its own.
+    """
+    order = list(order)
+    budget = settings.micro_batch_tokens
+    if not budget:
+        return [order[i:i + settings.micro_batch_size] for i in range(0, len(order), settings.micro_batch_size)]
+    cuts: list[list[int]] = []
+    prompts: set[tuple[int, ...]] = set()
+    packed = longest = 0
+    for i in order:
+        s = samples[i]
+        prompt, length = tuple(s.prompt_ids), len(s.prompt_ids) + len(s.completion_ids)
+        grown = packed + len(s.completion_ids) + (0 if prompt in prompts else len(prompt)), max(longest, length)
+        if not cuts or _pass_tokens(model, *grown, len(cuts[-1]) + 1) > budget:
+            cuts.append([])
+            prompts, grown = set(), (length, length)
+        cuts[-1].append(i)
+        prompts.add(prompt)
+        packed, longest = grown
+    return cuts
+
+
+def _pass_tokens(model, packed_tokens: int, longest: int, rows: int) -> int:
+    """Tokens one pass over ``rows`` sequences computes: packed when :func:`_packs`, else padded to the longest."""
+    return packed_tokens if _packs(model, packed_tokens, longest) else rows * longest
 
 
 class PolicyTrainer:
@@ -222,17 +283,17 @@ class PolicyTrainer:
         """[B, T] log-probs of every sample; with several processes each rank computes its share and all gather."""
         was_training = model.training
         model.eval()
-        chunks = []
         width = max(len(s.completion_ids) for s in samples)
         first, last = distributed.shard_bounds(len(samples))
+        mine = torch.zeros(last - first, width, device=self.device)
         with distributed.full_weights(model):  # ranks' shares take different numbers of passes
-            for start in range(first, last, self.settings.micro_batch_size):
-                part = samples[start:min(start + self.settings.micro_batch_size, last)]
+            # in sample order, as one process cuts them
+            for idx in micro_batches(model, samples, range(first, last), self.settings):
                 with self._autocast():
-                    lp, _ = sequence_logprobs(model, part, self.pad_id, self.settings.temperature)
-                chunks.append(torch.nn.functional.pad(lp, (width - lp.shape[1], 0)))
+                    lp, _ = sequence_logprobs(model, [samples[i] for i in idx], self.pad_id, self.settings.temperature)
+                rows, = _to_device(self.device, torch.tensor(idx) - first)
+                mine[rows, width - lp.shape[1]:] = lp
         model.train(was_training)
-        mine = torch.cat(chunks) if chunks else torch.zeros(0, width, device=self.device)
         if distributed.world_size() == 1:
             return mine
         return torch.cat(distributed.all_gather_objects(mine.cpu())).to(self.device)  # objects travel via the host
@@ -304,44 +365,45 @@ class PolicyTrainer:
         agg_totals = {"total_tokens": total_tokens, "total_sequences": len(batch)}
         stats_sum: dict[str, float] = {}
         stats_max: dict[str, float] = {}
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), device=self.device)  # on the device: read once, after the last pass
         nonfinite = False
         first, last = distributed.shard_bounds(len(indices))
-        by_length = _micro_batch_order(self.model, samples, indices[first:last])
-        # Sharded, every rank runs as many forward/backward passes as the rank with the most samples.
-        share = distributed.largest_share(len(indices)) if st.fsdp else len(by_length)
-        for start in range(0, share, st.micro_batch_size):
-            idx = by_length[start:start + st.micro_batch_size]
+        cuts = micro_batches(self.model, samples, _micro_batch_order(self.model, samples, indices[first:last]), st)
+        # Sharded, every rank runs as many forward/backward passes as the rank with the most.
+        passes = max(distributed.all_gather_objects(len(cuts))) if st.fsdp else len(cuts)
+        for k in range(passes):
+            idx = cuts[k] if k < len(cuts) else []
             if not idx or nonfinite:
                 self._idle_pass(samples[indices[0]])
                 continue
             part = [samples[i] for i in idx]
+            rows, advantages = _to_device(self.device, torch.tensor(idx),
+                                          torch.tensor([s.advantage for s in part], dtype=torch.float32))
             with self._autocast():
                 logprobs, mask = sequence_logprobs(self.model, part, self.pad_id, st.temperature)
             cols = slice(width - logprobs.shape[1], width)
             loss, stats = policy_loss(
-                logprobs, logprobs.detach() if old is None else old[idx, cols],
-                torch.tensor([s.advantage for s in part], dtype=torch.float32, device=logprobs.device), mask,
+                logprobs, logprobs.detach() if old is None else old[rows, cols], advantages, mask,
                 clip_low=st.clip_low, clip_high=st.clip_high, tis_cap=st.tis_cap,
-                rollout_logprobs=rollout[idx, cols],
-                ref_logprobs=ref[idx, cols] if ref is not None else None, beta=st.kl_beta,
+                rollout_logprobs=rollout[rows, cols],
+                ref_logprobs=ref[rows, cols] if ref is not None else None, beta=st.kl_beta,
                 agg=st.loss_agg, norm_constant=st.norm_constant, **agg_totals,
             )
-            if not torch.isfinite(loss) or stats.get("nonfinite"):
+            if stats["nonfinite"]:  # the loss's own finiteness included
                 nonfinite = True
                 if self.settings.fsdp:  # finish the pass like the other ranks; the step is skipped on all of them
                     loss.backward()
                     continue
                 break
             loss.backward()
-            loss_sum += float(loss.detach())
+            loss_sum += loss.detach()
             share = stats["n_tokens"] / max(total_tokens, 1)  # token-level statistics, weighted by tokens
             for k, v in stats.items():
                 if k.endswith("_max"):
                     stats_max[k] = max(stats_max.get(k, -math.inf), float(v))
                 elif k not in ("n_tokens", "n_sequences", "nonfinite"):
                     stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * share
-        shares = distributed.all_gather_objects((nonfinite, loss_sum, stats_sum, stats_max))
+        shares = distributed.all_gather_objects((nonfinite, float(loss_sum), stats_sum, stats_max))
         if any(bad for bad, *_ in shares):
             log.warning("non-finite loss in a mini-batch; optimizer step skipped")
             self.optimizer.zero_grad(set_to_none=True)
