@@ -80,6 +80,8 @@ class TrainConfig(Strict):
     grad_clip: float = Field(1.0, ge=0)
     mini_batch_size: int = Field(0, ge=0, description="sequences per optimizer step; 0 = whole batch")
     micro_batch_size: int = Field(8, gt=0)
+    micro_batch_tokens: int | None = Field(None, gt=0, description="tokens per forward/backward pass instead of "
+                                           "micro_batch_size sequences (a shared prompt counts once when packed)")
     epochs: int = Field(1, gt=0)
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.2, ge=0)

@@ -137,7 +137,8 @@ class Recipe:
             else DEFAULT_TIS_CAP
         settings = UpdateSettings(
             lr=train.lr, weight_decay=train.weight_decay, grad_clip=train.grad_clip,
-            mini_batch_size=train.mini_batch_size, micro_batch_size=train.micro_batch_size, epochs=train.epochs,
+            mini_batch_size=train.mini_batch_size, micro_batch_size=train.micro_batch_size,
+            micro_batch_tokens=train.micro_batch_tokens, epochs=train.epochs,
             clip_low=train.clip_low, clip_high=train.clip_high, tis_cap=tis_cap, kl_beta=train.kl_beta,
             loss_agg=train.loss_agg, norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature,
