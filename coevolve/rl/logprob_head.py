@@ -50,9 +50,11 @@ def split_model(model: torch.nn.Module, tokens: int) -> SplitModel | None:
         return None
     body = getattr(inner, "model", None)
     head = inner.get_output_embeddings()
-    if body is None or type(head) is not torch.nn.Linear or head.bias is not None or distributed.is_sharded(inner):
+    if body is None or type(head) is not torch.nn.Linear or head.bias is not None:
         return None
-    return SplitModel(body, head) if tokens * head.out_features > HEAD_CHUNK_LOGITS else None
+    if tokens * head.out_features <= HEAD_CHUNK_LOGITS or distributed.is_sharded(inner):
+        return None
+    return SplitModel(body, head)
 
 
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
