@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 from speed import RESULTS_DIR, machine_info, run_header, warn_if_busy, write_json
 
 MMAP_THRESHOLD = "65536"

@@ -24,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,11 +39,10 @@ def peak_rss_mib() -> float:
 def child_sampling(engine_name: str, prompts: int, tokens: int) -> dict[str, Any]:
     """Tokens/s of one engine on P prompts x T tokens (EOS ignored), after a warm-up call."""
     from coevolve.config import SamplingConfig
-    from coevolve.models import load_policy
+    from coevolve.models import hf_model_source, load_policy
     from coevolve.rollout import SamplingParams
     from coevolve.rollout.hf import HFRolloutEngine
     from coevolve.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
-    from coevolve.models import hf_model_source
 
     policy = load_policy(MODEL)
     texts = _prompts(policy, prompts)

@@ -9,8 +9,8 @@ its concept list (for the concept-diversity reward, Eq. 10) and the step that ad
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 

@@ -46,8 +46,8 @@ from coevolve.analytics.diversity import (
     mean_pairwise_distance,
 )
 from coevolve.embeddings import META_FILE, ClusterSpace, corpus_hash, encoder_name
-from coevolve.jsonio import atomic_write_bytes, jsonable, read_jsonl, write_json
 from coevolve.embeddings import embed as embed_texts
+from coevolve.jsonio import atomic_write_bytes, jsonable, read_jsonl, write_json
 
 ANALYTICS_DIR = "analytics"
 CURRICULUM_FILE = "curriculum.json"

@@ -165,7 +165,7 @@ def _extract_math(text: str) -> str | None:
 
 def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
     last = None
-    for last in pattern.finditer(text):
+    for last in pattern.finditer(text):  # noqa: B007 (keeps the final match)
         pass
     return last
 

@@ -300,16 +300,3 @@ def build_cached_folder(target: Path, marker: str, build: Callable[[Path], None]
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if (target / "build_info.json").is_file():
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=root))
-        try:
-            _build_into(tmp, build, progress)
-            if target.exists():  # a partial folder left by something other than this function
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target

@@ -20,8 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coevolve import distributed
 from coevolve.config import DEFAULT_TIS_CAP, ConfigError, RunConfig
-from coevolve.format_help import (FormatWatch, examples_block, load_worked_examples, output_format,
-                                  solver_answer_regex)
+from coevolve.format_help import FormatWatch, examples_block, load_worked_examples, output_format, solver_answer_regex
 from coevolve.models import Policy, load_policy
 from coevolve.rl.residency import Residency, ResidentEngine
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings

@@ -32,8 +32,17 @@ from pydantic import Field
 from coevolve.grading.equivalence import verify_equivalent
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
-from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
-                                   step_seed, train_samples)
+from coevolve.recipes.base import (
+    GeneratorParams,
+    PhaseTimer,
+    Recipe,
+    StepOutput,
+    mean,
+    register,
+    role_metrics,
+    step_seed,
+    train_samples,
+)
 from coevolve.rewards.difficulty import tent_reward
 from coevolve.rewards.filters import FILTER_RULES, filter_reasons
 from coevolve.rewards.similarity import answer_diversity, malformed_floor, question_diversity

@@ -18,9 +18,19 @@ import random
 
 from pydantic import Field
 
+from coevolve.recipes.base import (
+    ArithLevels,
+    PhaseTimer,
+    Recipe,
+    RecipeParams,
+    StepOutput,
+    mean,
+    register,
+    role_metrics,
+    step_seed,
+    train_samples,
+)
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
-from coevolve.recipes.base import (ArithLevels, PhaseTimer, Recipe, RecipeParams, StepOutput, mean, register,
-                                   role_metrics, step_seed, train_samples)
 from coevolve.tasks.registry import get_task
 
 

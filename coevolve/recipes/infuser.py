@@ -83,8 +83,18 @@ from scipy.stats import spearmanr
 from coevolve.documents import DocumentPool, dev_set, load_documents, tokenizer_counter
 from coevolve.grading.extract import braces_balanced, tag_blocks
 from coevolve.grading.guard import parses_model_text
-from coevolve.recipes.base import (ArithLevels, GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register,
-                                   role_metrics, step_seed, train_samples)
+from coevolve.recipes.base import (
+    ArithLevels,
+    GeneratorParams,
+    PhaseTimer,
+    Recipe,
+    StepOutput,
+    mean,
+    register,
+    role_metrics,
+    step_seed,
+    train_samples,
+)
 from coevolve.rl.advantages import compute_advantages, dr_grpo_advantages, nonzero_variance_mask
 from coevolve.rl.influence import DevGradient, dev_gradient, influence_scores, one_step_dev_gains
 from coevolve.rl.trainer import TrainSample

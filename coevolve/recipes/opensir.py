@@ -82,14 +82,37 @@ from coevolve.grading.equivalence import verify_equivalent
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.models import Policy
 from coevolve.pool import ProblemPool
-from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
-                                   step_seed, train_samples)
+from coevolve.recipes.base import (
+    GeneratorParams,
+    PhaseTimer,
+    Recipe,
+    StepOutput,
+    mean,
+    register,
+    role_metrics,
+    step_seed,
+    train_samples,
+)
 from coevolve.rewards.difficulty import triangular_solvability
-from coevolve.rewards.format import (StudentFormat, TeacherOutput, TeacherRules, length_score, parse_teacher_output,
-                                     student_format_score)
-from coevolve.rewards.novelty import (DiversityMode, PoolEmbeddings, concept_novelty, expression_concepts,
-                                      group_variance, min_distance_diversity, novelty_score, top_indices,
-                                      top_k_mean_diversity)
+from coevolve.rewards.format import (
+    StudentFormat,
+    TeacherOutput,
+    TeacherRules,
+    length_score,
+    parse_teacher_output,
+    student_format_score,
+)
+from coevolve.rewards.novelty import (
+    DiversityMode,
+    PoolEmbeddings,
+    concept_novelty,
+    expression_concepts,
+    group_variance,
+    min_distance_diversity,
+    novelty_score,
+    top_indices,
+    top_k_mean_diversity,
+)
 from coevolve.rl.advantages import grpo_advantages
 from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion

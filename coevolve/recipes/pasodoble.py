@@ -78,11 +78,19 @@ from pydantic import Field
 from coevolve.documents import DocumentPool, load_documents, tokenizer_counter
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
-from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
-                                   step_seed, train_samples)
+from coevolve.recipes.base import (
+    GeneratorParams,
+    PhaseTimer,
+    Recipe,
+    StepOutput,
+    mean,
+    register,
+    role_metrics,
+    step_seed,
+    train_samples,
+)
 from coevolve.rewards.pasodoble import DiversityGate, JaccardHistory, LeakMode, leaks_answer, proposer_reward
 from coevolve.rl.advantages import dr_grpo_advantages, grpo_advantages
-from coevolve.rl.trainer import PolicyTrainer
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
 from coevolve.tasks.registry import get_task
@@ -338,7 +346,7 @@ class PasoDoble(Recipe):
         replayed = [Proposal(e.doc, i, Completion("", [], [], ""), e.question, e.answer) for i, e in enumerate(entries)]
         with timer("solve"):
             self.solve(replayed, step_seed(self.config.seed, step, "replay"))
-        for entry, x in zip(entries, replayed):
+        for entry in entries:
             entry.used += 1
         kept = [x for x in replayed if self.retained(x.p_raw)]
         kept_ids = {id(x) for x in kept}

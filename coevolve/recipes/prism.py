@@ -72,8 +72,15 @@ from pydantic import Field
 from coevolve.analytics.diversity import cluster_stats
 from coevolve.embeddings import ClusterSpace, embed
 from coevolve.recipes.base import mean, register
-from coevolve.recipes.r_zero import (_PAPER_PARAMS, _PAPER_SCALE, _PRISM_CODE, _PRISM_CODE_PARAMS, Question, RZero,
-                                     RZeroParams)
+from coevolve.recipes.r_zero import (
+    _PAPER_PARAMS,
+    _PAPER_SCALE,
+    _PRISM_CODE,
+    _PRISM_CODE_PARAMS,
+    Question,
+    RZero,
+    RZeroParams,
+)
 from coevolve.rewards.coverage import CoverageCounts, ReferenceCorpus, cluster_space_for, prism_reward, zpd_gate
 from coevolve.rewards.uncertainty import in_band
 

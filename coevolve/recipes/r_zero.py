@@ -81,10 +81,26 @@ from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.models import Policy
-from coevolve.recipes.base import (GeneratorParams, PhaseTimer, Recipe, StepOutput, mean, register, role_metrics,
-                                   step_seed, train_samples)
-from coevolve.rewards.uncertainty import (BleuTokens, RZeroForm, in_band, pool_filter_reasons, repetition_penalty,
-                                          rzero_reward, uncertainty_reward)
+from coevolve.recipes.base import (
+    GeneratorParams,
+    PhaseTimer,
+    Recipe,
+    StepOutput,
+    mean,
+    register,
+    role_metrics,
+    step_seed,
+    train_samples,
+)
+from coevolve.rewards.uncertainty import (
+    BleuTokens,
+    RZeroForm,
+    in_band,
+    pool_filter_reasons,
+    repetition_penalty,
+    rzero_reward,
+    uncertainty_reward,
+)
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
 from coevolve.rl.trainer import PolicyTrainer
 from coevolve.rollout import Completion
