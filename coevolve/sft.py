@@ -1,7 +1,7 @@
 """Format warm-up: a short supervised fine-tune of a generator on correctly formatted outputs (``coevolve sft``).
 
 The data are real problems (GSM8K train) with their answers rendered in the recipe's exact output format, each after
-the recipe's own generator prompt (:func:`coevolve.format_help.warmup_pairs`); the loss is the mean cross-entropy
+the recipe's own generator prompt (:func:`warmup_pairs`); the loss is the mean cross-entropy
 of the target tokens (and the end-of-turn token), the prompt masked out. PasoDoble's paper calls this its cold start.
 The output folder holds ``sft.yaml`` (the resolved config), ``metrics.jsonl`` (loss per step), ``summary.json`` and
 ``model/`` (weights and tokenizer), which a run uses with ``--set params.generator_init=DIR``.
@@ -19,8 +19,9 @@ import yaml
 from pydantic import Field, ValidationError
 
 from coevolve.config import ConfigError, Strict, _first_error
-from coevolve.format_help import load_worked_examples, output_format, warmup_pairs
+from coevolve.formats import GeneratorFormat, WorkedExample, load_worked_examples
 from coevolve.jsonio import atomic_write_text, dumps
+from coevolve.recipes import FORMATS
 
 
 class SFTConfig(Strict):
@@ -46,6 +47,21 @@ def resolve_sft(recipe: str, sets: dict[str, Any]) -> SFTConfig:
         return SFTConfig.model_validate({"recipe": recipe, **sets})
     except ValidationError as exc:
         raise ConfigError(_first_error(exc)) from None
+
+
+def output_format(recipe: str) -> GeneratorFormat:
+    """The chat output format of ``recipe``'s generator (one-line KeyError for a recipe without a generator)."""
+    try:
+        return FORMATS[recipe]
+    except KeyError:
+        raise KeyError(f"recipe {recipe!r} has no generator output format (known: {', '.join(FORMATS)})") from None
+
+
+def warmup_pairs(recipe: str, examples: list[WorkedExample], seed: int = 0) -> list[tuple[str, str]]:
+    """(generator user message, target output) pairs for the format warm-up of ``recipe``: the recipe's own
+    generator prompt for each example (its ``warmup_prompt``), then the example in the recipe's format."""
+    fmt, rng = output_format(recipe), random.Random(seed)
+    return [(fmt.warmup_prompt(e, examples, rng), fmt.render(e)) for e in examples]
 
 
 def _batch(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

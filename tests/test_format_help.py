@@ -10,10 +10,13 @@ import pytest
 import torch
 
 from coevolve.config import ConfigError
-from coevolve.format_help import FORMATS, FormatWatch, load_worked_examples, warmup_pairs
+from coevolve.formats import load_worked_examples
+from coevolve.recipes import FORMATS
+from coevolve.recipes.base import FormatWatch
 from coevolve.rollout.base import SamplingParams
 from coevolve.rollout.constrained import RegexConstraint
 from coevolve.rollout.hf import HFRolloutEngine, encode_prompt
+from coevolve.sft import warmup_pairs
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from coevolve.formats import GeneratorFormat, one_line
 from coevolve.grading.equivalence import verify_equivalent
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
@@ -139,6 +140,11 @@ class DynamicRL(Recipe):
     summary = ("one policy writes questions from a fixed prompt and answers them; majority-vote labels, tent "
                "difficulty + token/answer diversity rewards, per-term z-scored advantages")
     Params = DynamicRLParams
+    formats = {"chat": GeneratorFormat(  # generation stops at "Solution:"
+        "Question: {the question}\\nSolution: {step-by-step solution} (generation stops at 'Solution:')",
+        r"Question: [^\n]{10,300}\nSolution:",
+        lambda e: f"Question: {one_line(e.question)}\nSolution: {e.solution}\nThe answer is {e.answer}.",
+        lambda e, examples, rng: Z0)}
     defaults = {
         "steps": 80, "eval_every": 20,
         "rollout": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 64},

@@ -81,6 +81,7 @@ from pydantic import Field
 from scipy.stats import spearmanr
 
 from coevolve.documents import DocumentPool, dev_set, load_documents, tokenizer_counter
+from coevolve.formats import GeneratorFormat, one_line
 from coevolve.grading.extract import braces_balanced, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (
@@ -224,6 +225,11 @@ class Infuser(Recipe):
     summary = ("document-grounded generator writes questions with its own answers, rewarded by the cosine between "
                "the AdamW-preconditioned solver update they cause and a dev-set gradient; DuGRPO / Dr.GRPO")
     Params = InfuserParams
+    formats = {"chat": GeneratorFormat(  # the warm-up's document is the example's worked solution
+        '{"question_text": "{the question}", "ground_truth": "{final answer}"}',
+        r'\{"question_text": "[^"\\\n]{10,300}", "ground_truth": "[^"\\\n{}]{1,40}"\}',
+        lambda e: json.dumps({"question_text": one_line(e.question), "ground_truth": e.answer}),
+        lambda e, examples, rng: GENERATOR_PROMPT.format(text=e.solution))}
     defaults = {
         "steps": 100, "eval_every": 20,
         "rollout": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64},

@@ -78,6 +78,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from coevolve.embeddings import embed
+from coevolve.formats import LINE, GeneratorFormat, concepts_of, one_line
 from coevolve.grading.equivalence import verify_equivalent
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.models import Policy
@@ -216,6 +217,14 @@ class OpenSIR(Recipe):
     name = "opensir"
     summary = "one policy as teacher and student; pool-seeded problems; novelty = solvability+length+diversity+format"
     Params = OpenSIRParams
+    formats = {"chat": GeneratorFormat(  # the warm-up's reference problem is another example's question
+        "<think>{how it differs}</think>\\n<problem>{the problem}</problem>\\n<concepts>{1-3 concepts, comma "
+        "separated}</concepts>",
+        r"<think>[^<>\n]{0,120}</think>\n<problem>" + LINE
+        + r"</problem>\n<concepts>[a-z ]{3,30}(, [a-z ]{3,30}){0,2}</concepts>",
+        lambda e: (f"<think>A word problem that needs {' and '.join(concepts_of(e))}.</think>\n"
+                   f"<problem>{one_line(e.question)}</problem>\n<concepts>{', '.join(concepts_of(e))}</concepts>"),
+        lambda e, examples, rng: TEACHER_PROMPT.replace("{problem}", rng.choice(examples).question))}
     defaults = {"steps": 100, "rollout": {"max_new_tokens": 64, "batch_size": 256},
                 "train": {"lr": 5e-5, "kl_beta": 1e-3, "grad_clip": 0.5, "loss_agg": "seq_mean"},
                 "eval_every": 25, "params": {"batch_size": 64, "l_base": 64, "l_cap": 64}}

@@ -76,6 +76,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from coevolve.documents import DocumentPool, load_documents, tokenizer_counter
+from coevolve.formats import ANSWER, LINE, MAX_SOLUTION_CHARS, GeneratorFormat, one_line
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (
@@ -104,6 +105,12 @@ PROPOSER_PROMPT = (
     "check inside <answer>...</answer>, with the final answer in \\boxed{{}} inside the answer section.\n\n"
     "{knowledge}Now write one problem and its answer.")
 KNOWLEDGE = "External knowledge: {passage}\n\n"
+CHAT_FORMAT = GeneratorFormat(  # the warm-up's knowledge passage is the example's worked solution
+    "<problem>{the problem}</problem> <answer>{worked solution} \\boxed{final answer}</answer>",
+    r"<problem>" + LINE + r"</problem> <answer>[^<>{}\n]{0,%d}\\boxed\{" % MAX_SOLUTION_CHARS + ANSWER
+    + r"\}</answer>",
+    lambda e: f"<problem>{one_line(e.question)}</problem> <answer>{one_line(e.solution)} \\boxed{{{e.answer}}}</answer>",
+    lambda e, examples, rng: PROPOSER_PROMPT.format(knowledge=KNOWLEDGE.format(passage=e.solution)))
 _THINK_END = "</think>"
 
 
@@ -213,6 +220,7 @@ class PasoDoble(Recipe):
     summary = ("knowledge-grounded proposer writes questions with its own answers, rewarded by difficulty (1.1 - "
                "pass rate) + Jaccard diversity, gated; the solver learns to agree; online or offline")
     Params = PasoDobleParams
+    formats = {"chat": CHAT_FORMAT}
     defaults = {
         "steps": 200, "eval_every": 50,
         "rollout": {"temperature": 0.6, "top_p": 1.0, "max_new_tokens": 64},

@@ -76,6 +76,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from coevolve.formats import ANSWER, LINE, GeneratorFormat, one_line
 from coevolve.grading.equivalence import answers_equivalent, verify_equivalent
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
@@ -121,6 +122,11 @@ QUESTIONER_PROMPT = (
     "Do NOT output anything else.\n\n"
     "Generate one new, challenging reasoning question now. Remember to format the output exactly as instructed."
 )
+CHAT_FORMAT = GeneratorFormat(
+    "<question>\\n{the problem}\\n</question>\\n\\n\\boxed{final answer}",
+    r"<question>\n" + LINE + r"\n</question>\n\n\\boxed\{" + ANSWER + r"\}",
+    lambda e: f"<question>\n{one_line(e.question)}\n</question>\n\n\\boxed{{{e.answer}}}",
+    lambda e, examples, rng: QUESTIONER_PROMPT)
 
 # The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU).
 _PAPER_SCALE = {
@@ -258,6 +264,7 @@ class RZero(Recipe):
     summary = ("questioner and solver in alternating GRPO phases; uncertainty reward minus BLEU-cluster repetition "
                "penalty; majority-vote labels, pool band filter")
     Params = RZeroParams
+    formats = {"chat": CHAT_FORMAT}
     defaults = {"steps": 104, "eval_every": 26, "rollout": {"temperature": 1.0, "max_new_tokens": 64},
                 "train": {"lr": 3e-5, "grad_clip": 1.0}}
     presets = {
