@@ -365,7 +365,7 @@ class PolicyTrainer:
         agg_totals = {"total_tokens": total_tokens, "total_sequences": len(batch)}
         stats_sum: dict[str, float] = {}
         stats_max: dict[str, float] = {}
-        loss_sum = torch.zeros((), device=self.device)  # on the device: read once, after the last pass
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # read once, after the last pass
         nonfinite = False
         first, last = distributed.shard_bounds(len(indices))
         cuts = micro_batches(self.model, samples, _micro_batch_order(self.model, samples, indices[first:last]), st)
