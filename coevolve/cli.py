@@ -77,7 +77,7 @@ def run(
     """Train with a recipe; everything the run produces goes to its run directory."""
     from coevolve import distributed
     from coevolve.config import ConfigError, check_runtime
-    from coevolve.evaluation.benchmarks import load_benchmark
+    from coevolve.data.benchmarks import load_benchmark
     from coevolve.loop import NonFiniteWeights
     from coevolve.loop import run as run_loop
     from coevolve.models import ModelNotFoundError
@@ -182,7 +182,7 @@ def sft(
     """Format warm-up: fine-tune a generator on GSM8K-train problems written in the recipe's output format; start a
     run's generator from it with --set params.generator_init=OUT."""
     from coevolve.config import ConfigError, parse_set
-    from coevolve.evaluation.benchmarks import BenchmarkDataNotFound
+    from coevolve.data.benchmarks import BenchmarkDataNotFound
     from coevolve.models import ModelNotFoundError
     from coevolve.sft import resolve_sft, run_sft
 
@@ -226,7 +226,7 @@ def eval_(
 ) -> None:
     """Evaluate a model or a run's checkpoint on evaluation sets (options override the preset)."""
     from coevolve.config import ConfigError, SamplingConfig
-    from coevolve.evaluation.benchmarks import BenchmarkDataNotFound
+    from coevolve.data.benchmarks import BenchmarkDataNotFound
     from coevolve.evaluation.harness import EVAL_PRESETS, evaluate
     from coevolve.models import ModelNotFoundError
     from coevolve.recipes import default_eval_sets

@@ -130,7 +130,7 @@ class RunConfig(Strict):
     @field_validator("eval_sets")
     @classmethod
     def _known_sets(cls, sets: list[str] | None) -> list[str] | None:
-        from coevolve.evaluation.benchmarks import BENCHMARKS
+        from coevolve.data.benchmarks import BENCHMARKS
 
         unknown = [name for name in sets or [] if name not in BENCHMARKS]
         if unknown:

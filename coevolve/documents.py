@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from coevolve.data.benchmarks import default_data_dirs, load_benchmark
 from coevolve.tasks import arith
 from coevolve.tasks.registry import Problem
 
@@ -238,8 +239,6 @@ def arith_fact_sheets(n: int, levels: Sequence[int] = (1, 2, 3), seed: int = 0) 
 
 
 def _data_root(data_dir: str | None) -> Path:
-    from coevolve.evaluation.benchmarks import default_data_dirs
-
     candidates = ([Path(data_dir)] if data_dir else []) + default_data_dirs()
     for folder in candidates:
         if (folder / "corpus_openstax_algebra").is_dir() or (folder / "corpus_proofwiki").is_dir():
@@ -303,7 +302,6 @@ def dev_set(task: str, n: int, *, source: str | None = None, seed: int = 0, data
     ``gsm8k`` (GSM8K test: then leave gsm8k out of the evaluation sets). ``mcq``: the SuperGPQA sample, with the
     choices rendered into the question and the gold letter as answer.
     """
-    from coevolve.evaluation.benchmarks import load_benchmark
     from coevolve.tasks import mcq
 
     if task == "arith":

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from coevolve.data.benchmarks import _raw_rows, get_benchmark
+
 _CALC = re.compile(r"<<[^>]*>>")  # GSM8K's calculator annotations
 
 
@@ -38,8 +40,6 @@ class WorkedExample:
 def load_worked_examples(count: int, seed: int = 0, data_dir: str | None = None) -> list[WorkedExample]:
     """``count`` GSM8K-train problems (a seeded sample) with solutions and answers, for examples and warm-up data;
     only problems whose question and solution fit the formats' length bounds (``MAX_CHARS``, ``MAX_SOLUTION_CHARS``)."""
-    from coevolve.evaluation.benchmarks import _raw_rows, get_benchmark
-
     bench = get_benchmark("gsm8k_train")
     rows = _raw_rows(bench, bench.relpath, data_dir)
     order = list(range(len(rows)))

@@ -8,9 +8,8 @@ from collections import Counter
 
 import pytest
 
-from coevolve.evaluation import benchmarks
-from coevolve.evaluation.benchmarks import (
-    ARITH_HELD_OUT_SIZE,
+from coevolve.data import benchmarks
+from coevolve.data.benchmarks import (
     BENCHMARKS,
     DATA_DIR_ENV,
     BenchmarkDataNotFound,
@@ -21,6 +20,7 @@ from coevolve.evaluation.benchmarks import (
 from coevolve.grading.extract import extract_hash_answer
 from coevolve.tasks import math as math_task
 from coevolve.tasks import mcq as mcq_task
+from coevolve.tasks.arith import HELD_OUT_SIZE as ARITH_HELD_OUT_SIZE
 
 FILE_SETS = {"gsm8k": 1319, "math500": 500, "math": 5000, "college_math": 2818, "supergpqa": 300}
 

@@ -9,7 +9,7 @@ import pytest
 
 from coevolve.documents import (DocumentPool, arith_fact_sheets, chunk_text, dev_set, load_documents, read_cnxml,
                                 word_count)
-from coevolve.evaluation.benchmarks import default_data_dirs, load_benchmark
+from coevolve.data.benchmarks import default_data_dirs, load_benchmark
 from coevolve.tasks import arith
 
 CNXML = """<document xmlns="http://cnx.rice.edu/cnxml" xmlns:m="http://www.w3.org/1998/Math/MathML">

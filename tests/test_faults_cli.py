@@ -132,7 +132,7 @@ def test_a_failed_start_leaves_the_folder_as_it_was(tmp_path):
 
 
 def test_a_late_failure_is_one_line_and_the_run_resumes(tmp_path, random_model_dir, monkeypatch):
-    from coevolve.evaluation.benchmarks import BenchmarkDataNotFound
+    from coevolve.data.benchmarks import BenchmarkDataNotFound
     from coevolve.recipes.grpo import GRPO
 
     original = GRPO.step

@@ -1,6 +1,6 @@
 """Evaluation: benchmark loaders, accuracy metrics and the evaluation harness."""
 
-from coevolve.evaluation.benchmarks import (
+from coevolve.data.benchmarks import (
     BENCHMARKS,
     DATA_DIR_ENV,
     Benchmark,

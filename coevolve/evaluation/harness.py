@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from coevolve.evaluation.benchmarks import EvalItem, load_benchmark
+from coevolve.data.benchmarks import EvalItem, load_benchmark
 from coevolve.evaluation.metrics import accuracy, avg_at_k, default_ks, mean_pass_at_k
 from coevolve.jsonio import atomic_write_text
 from coevolve.rollout.base import Completion, RolloutEngine, SamplingParams

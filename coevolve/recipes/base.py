@@ -120,7 +120,7 @@ class Recipe:
 
     @classmethod
     def data_sets(cls, config: RunConfig, params: RecipeParams) -> list[str]:
-        """Benchmark files (:mod:`coevolve.evaluation.benchmarks` names) the run reads, checked before the model
+        """Benchmark files (:mod:`coevolve.data.benchmarks` names) the run reads, checked before the model
         loads: the evaluation sets, and what a recipe adds."""
         return list(config.eval_sets or [])
 

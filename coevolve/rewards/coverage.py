@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from coevolve.data.benchmarks import load_benchmark
 from coevolve.embeddings import META_FILE, ClusterSpace, corpus_hash, embed, encoder_name
 from coevolve.rewards.uncertainty import in_band
 
@@ -109,8 +110,6 @@ def reference_questions(corpus: ReferenceCorpus, *, data_dir: str | None = None,
 
         problems = arith.sample_problems(n_arith, random.Random(seed), levels=arith.LEVELS)
         return [p.question for p in problems], {"corpus": corpus, "n": n_arith, "levels": list(arith.LEVELS)}
-    from coevolve.evaluation.benchmarks import load_benchmark
-
     if corpus == "gsm8k_train":
         texts = [item.question for item in load_benchmark("gsm8k_train", data_dir=data_dir)]
         return texts, {"corpus": corpus, "n": len(texts)}

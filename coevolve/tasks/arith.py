@@ -50,6 +50,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from coevolve.data.benchmarks import Benchmark, EvalItem, register
 from coevolve.grading.extract import extract_boxed, extract_prefixed
 from coevolve.grading.guard import parses_model_text
 
@@ -513,3 +514,22 @@ def _parse_question(completion: str, style: str, doc: str | None) -> ParsedQuest
     if question is None or not level_of(question, doc):
         return None
     return ParsedQuestion(question=question, answer=answer)
+
+
+def _held_out_items(levels: Sequence[int], set_name: str) -> list[EvalItem]:
+    """The held-out problems of ``levels`` as evaluation items."""
+    items = []
+    for level in levels:
+        for i, prob in enumerate(held_out(level, n=HELD_OUT_SIZE)):
+            items.append(EvalItem(f"arith_l{level}/{i}", set_name, "arith", prob.question, str(prob.answer),
+                                  meta={"level": level}))
+    return items
+
+
+register(
+    *[Benchmark(f"arith_l{lv}", "arith", f"arithmetic world, held-out level {lv} ({HELD_OUT_SIZE} problems)",
+                lambda _rows, lv=lv: _held_out_items([lv], f"arith_l{lv}"), expected_rows=HELD_OUT_SIZE)
+      for lv in LEVELS],
+    Benchmark("arith", "arith", f"arithmetic world, held-out levels 1-6 ({HELD_OUT_SIZE} each)",
+              lambda _rows: _held_out_items(LEVELS, "arith"), expected_rows=HELD_OUT_SIZE * 6),
+)

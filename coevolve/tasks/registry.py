@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from coevolve.data.benchmarks import load_benchmark
 from coevolve.tasks import arith
 
 
@@ -110,8 +111,6 @@ class MathTask(Task):
 
     def training_problems(self, rng, n, *, split: str = "train", **_):
         if self._train is None:
-            from coevolve.evaluation.benchmarks import load_benchmark
-
             items = load_benchmark("gsm8k_train" if split == "train" else split, data_dir=self.data_dir)
             self._train = [Problem(item.question, item.answer) for item in items]
             if not self._train:

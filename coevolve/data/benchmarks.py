@@ -1,4 +1,5 @@
-"""Evaluation sets: a registry of loaders, each with its answer type and a seeded subset cut.
+"""Evaluation sets: a registry of loaders, each with its answer type and a seeded subset cut (generated sets, such
+as the arithmetic world's, register from their task with :func:`register`).
 
 Files are read from a data directory holding the folders of ``shared/data`` (``gsm8k/``,
 ``math500/``, ...). The directory is, in order: the ``data_dir`` argument (a folder, or the
@@ -14,15 +15,13 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from coevolve.grading.extract import extract_boxed, extract_hash_answer
-from coevolve.tasks import arith
 
 DATA_DIR_ENV = "COEVOLVE_DATA_DIR"
-ARITH_HELD_OUT_SIZE = arith.HELD_OUT_SIZE
 
 
 class BenchmarkDataNotFound(FileNotFoundError):
@@ -160,15 +159,6 @@ def _supergpqa(rows: Rows) -> list[EvalItem]:
     return items
 
 
-def _arith_items(levels: Iterable[int], set_name: str) -> list[EvalItem]:
-    items = []
-    for level in levels:
-        for i, prob in enumerate(arith.held_out(level, n=ARITH_HELD_OUT_SIZE)):
-            items.append(EvalItem(f"arith_l{level}/{i}", set_name, "arith", prob.question, str(prob.answer),
-                                  meta={"level": level}))
-    return items
-
-
 def _register(benchmarks: Sequence[Benchmark]) -> dict[str, Benchmark]:
     return {b.name: b for b in benchmarks}
 
@@ -186,12 +176,12 @@ BENCHMARKS: dict[str, Benchmark] = _register([
               _college_math, "college_math/test.jsonl", None, 2818),
     Benchmark("supergpqa", "mcq", "SuperGPQA sample, 300 multiple-choice questions with 4-10 options",
               _supergpqa, "supergpqa_sample/test.jsonl", None, 300),
-    *[Benchmark(f"arith_l{lv}", "arith", f"arithmetic world, held-out level {lv} ({ARITH_HELD_OUT_SIZE} problems)",
-                lambda _rows, lv=lv: _arith_items([lv], f"arith_l{lv}"), expected_rows=ARITH_HELD_OUT_SIZE)
-      for lv in arith.LEVELS],
-    Benchmark("arith", "arith", f"arithmetic world, held-out levels 1-6 ({ARITH_HELD_OUT_SIZE} each)",
-              lambda _rows: _arith_items(arith.LEVELS, "arith"), expected_rows=ARITH_HELD_OUT_SIZE * 6),
 ])
+
+
+def register(*benchmarks: Benchmark) -> None:
+    """Add generated sets (a task's own) to the registry."""
+    BENCHMARKS.update(_register(benchmarks))
 
 
 def get_benchmark(name: str) -> Benchmark:
