@@ -65,6 +65,15 @@ def test_clip_higher():
     loss, stats = policy_loss(_logp(), OLD, ADV, MASK, clip_low=0.2, clip_high=0.28, agg="token_mean")
     assert loss.item() == pytest.approx(-0.176, abs=1e-7)
     assert stats["clip_frac_high"] == pytest.approx(1 / 5)
+    # The loss above is symmetric in the two bounds (rho 1.5 with A > 0 and 0.5 with A < 0 both clip); the gradient
+    # is not. Range [0.8, 1.6]: rho = 1.5 keeps its gradient, rho = 0.5 (A < 0) is below the range and loses it.
+    # d loss / d logp = -rho A / 5 on unclipped tokens: seq 0 [-0.2, -0.3, -0.14]; seq 1 [0, 0.26, pad]
+    logp = _logp()
+    loss, stats = policy_loss(logp, OLD, ADV, MASK, clip_low=0.2, clip_high=0.6, agg="token_mean")
+    loss.backward()
+    expected = torch.tensor([[-0.2, -0.3, -0.14], [0.0, 0.26, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(logp.grad, expected, atol=1e-7, rtol=0)
+    assert stats["clip_frac_high"] == 0.0 and stats["clip_frac_low"] == pytest.approx(1 / 5)
 
 
 def test_gradients_token_mean():
