@@ -120,16 +120,59 @@ def test_dev_set_mixes_levels_evenly():
     assert config.rollout.max_new_tokens >= config.eval_max_new_tokens and small.generator_max_tokens >= 96
 
 
-def test_diagnostics_half_cosine_and_validity(random_model_dir):
-    recipe = make_recipe(random_model_dir, "params.validity_every=1", "params.dev_rollouts=6")
-    recipe.read_generation = lambda text, doc: ("a+b", "1")  # every output valid: enough informative questions
-    recipe.dev = [Problem("a+b", "1", "a=1,b=0,c=0"), Problem("a*b", "0", "a=1,b=0,c=0"),
-                  Problem("a-b", "1", "a=1,b=0,c=0"), Problem("b-a", "0", "a=1,b=0,c=0")] * 2
+DOC = "a=1,b=0,c=0"
+# The solver's canned answers per question: for "a+b" with key 1 the rewards are [1, 0, 1, 0], with key 0 [0, 1, 0, 1];
+# "a*b" with key 2 trains other tokens ([1, 0, 1, 0] on "2" and "3").
+ANSWERS = {"a+b": ["A:1", "A:0", "A:1", "A:0"], "a*b": ["A:2", "A:3", "A:2", "A:3"]}
+
+
+def canned(model_dir, keys, *sets):
+    """An infuser step on canned text: every document is DOC, the generator's outputs read as ``keys`` (question, key)
+    in turn, and the solver answers each question with ANSWERS; the dev set is "a+b" = 1 twice."""
+    from coevolve.rollout import Completion
+    from coevolve.rollout.hf import encode_prompt
+
+    recipe = make_recipe(model_dir, "params.documents_per_step=1", "params.dev_rollouts=4", *sets)
+    del recipe.task.parse_answer  # the real reader of "A:<n>"
+    recipe.dev = [Problem("a+b", "1", DOC)] * 2
+    recipe.documents.take = lambda seed, start, n: [DOC] * n
+    order = iter(keys)
+    recipe.read_generation = lambda text, doc: next(order)
+    tokenizer = recipe.solver_policy.tokenizer
+
+    def sample_groups(policy, prompts, group_size, seed, sampling=None):
+        def completion(prompt, text):
+            return Completion(prompt, encode_prompt(tokenizer, prompt), tokenizer(text, add_special_tokens=False)[
+                "input_ids"], text, [-1.0] * len(text), "eos")
+        if policy is recipe.generator:
+            return [[completion(p, "Q:a+b") for _ in range(group_size)] for p in prompts]
+        return [[completion(p, t) for t in ANSWERS[p.split("Q:")[1].removesuffix("=?\n")]] for p in prompts]
+
+    recipe.sample_groups = sample_groups
+    return recipe
+
+
+def test_influence_sign_and_value_on_a_known_case(random_model_dir):
+    """Under sgd_cosine a question whose prompt and rollouts are the dev set's has the dev gradient (influence +1);
+    with the key flipped its advantages flip (-1); the two dev halves are the same question (half cosine 1)."""
+    recipe = canned(random_model_dir, [("a+b", "1"), ("a+b", "0"), ("a*b", "2"), (None, None)],
+                    "params.influence=sgd_cosine")
     out = recipe.step(1)
-    m = out.metrics
-    assert m["dev/groups_kept"] >= 2 and -1 <= m["dev/half_cosine"] <= 1
-    assert m["influence/validity_questions"] == m["questions/retained"] >= 3
-    assert -1 <= m["influence/validity_spearman"] <= 1 and -1 <= m["influence/validity_spearman_same_rollouts"] <= 1
+    gens = [r for r in out.samples if r["role"] == "generator"]
+    assert [g["reward"] for g in gens[:2]] == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert [g["reward_terms"]["influence"] for g in gens[:2]] == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert -1 < gens[2]["reward"] < 1 and gens[3]["reward"] == -0.5  # another question; invalid: rho_inv
+    assert out.metrics["dev/half_cosine"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_validity_ranks_the_one_step_gains_like_the_scores(random_model_dir):
+    """With the preconditioned score and a small first AdamW step (about lr * sign(g)), the question whose gradient is
+    the dev gradient gains most dev reward, its flipped twin loses most, and one on other tokens lies between: Spearman
+    1 on the fresh and on the same rollouts (the canned sampler gives both the same)."""
+    recipe = canned(random_model_dir, [("a+b", "1"), ("a+b", "0"), ("a*b", "2"), (None, None)],
+                    "params.validity_every=1", "train.lr=1e-4")
+    m = recipe.step(1).metrics
+    assert m["influence/validity_questions"] == m["questions/retained"] == 3
+    assert m["influence/validity_spearman"] == pytest.approx(1.0)
+    assert m["influence/validity_spearman_same_rollouts"] == pytest.approx(1.0)
     assert m["generator/optimizer_steps"] >= 1 and m["solver/optimizer_steps"] >= 1
-    frozen = make_recipe(random_model_dir, "frozen_generator=true").step(1).metrics
-    assert frozen["generator/optimizer_steps"] == 0 and "dev/half_cosine" not in frozen

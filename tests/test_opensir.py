@@ -11,7 +11,7 @@ import torch
 from coevolve.loop import run
 from coevolve.pool import ProblemPool
 from coevolve.recipes import resolve
-from coevolve.recipes.opensir import SEED_PROBLEM  # importing the module registers the recipe
+from coevolve.recipes.opensir import SEED_PROBLEM, Candidate  # importing the module registers the recipe
 from coevolve.rewards.format import TeacherOutput
 from coevolve.rewards.novelty import expression_concepts
 from coevolve.rollout import Completion
@@ -144,6 +144,15 @@ def test_novelty_and_selection_by_hand(random_model_dir):
     assert out.metrics["pool/concepts"] == len(recipe.pool.concepts)
     assert out.metrics["generator/advantage_abs_mean"] == pytest.approx(sum(abs(s.advantage) for s in samples[:8]) / 8)
     assert out.metrics["solver/advantage_abs_mean"] == pytest.approx(sum(abs(s.advantage) for s in samples[8:]) / 8)
+
+
+def test_solve_rate_over_the_group_or_the_parsed_answers(random_model_dir):
+    """The real labeller: "4*5" gets A:20, A:20, A:21 and an unparsed answer: 2/4 of the group, 2/3 of the parsed."""
+    for denominator, rate in (("group", 0.5), ("parsed", 2 / 3)):
+        recipe, _ = make_recipe(random_model_dir, f"params.solve_rate_denominator={denominator}")
+        c = Candidate(0, 0, None, TeacherOutput("4*5", (), True, 1.0))
+        recipe.label(c, [Completion("Q:4*5=?\n", [1], [5], text, [-1.0]) for text in SOLUTIONS["4*5"]])
+        assert c.vote.label == "20" and c.solve_rate == pytest.approx(rate)
 
 
 @pytest.mark.parametrize("sets, roles", [

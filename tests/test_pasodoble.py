@@ -8,7 +8,6 @@ import pytest
 from typer.testing import CliRunner
 
 from coevolve.cli import app
-
 from coevolve.recipes import resolve
 from coevolve.recipes.pasodoble import Buffered
 from coevolve.rewards.pasodoble import JaccardHistory, history_diversity, jaccard, leaks_answer, proposer_reward
@@ -74,6 +73,18 @@ def _timer():
     from coevolve.recipes.base import PhaseTimer
 
     return PhaseTimer()
+
+
+def test_a_question_that_states_its_answer_gets_pass_rate_zero(random_model_dir):
+    """The recipe applies the leak check (word form): "7*a" states its answer 7, "17*a" does not."""
+    recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_low=0")
+    for question, leaks in (("7*a", True), ("17*a", False)):
+        recipe.read_proposal = posing(question)
+        xs = recipe.propose_and_score(1, _timer())
+        assert all(x.leak == leaks for x in xs) and any(x.p_raw > 0 for x in xs)
+        assert [x.p for x in xs] == [0.0 if leaks else x.p_raw for x in xs]
+        assert [x.reward for x in xs] == pytest.approx(
+            [1.1 - x.p + 0.2 * x.r_div if x.p > 0 and x.r_div >= 0.3 else 0.0 for x in xs])
 
 
 def test_online_step_trains_only_retained_questions(random_model_dir):

@@ -14,6 +14,7 @@ from coevolve.loop import run
 from coevolve.recipes import resolve
 from coevolve.recipes.r_zero import Question
 from coevolve.rollout import Completion
+from coevolve.tasks import arith
 
 TINY = ["eval_sets=[]", "rollout.max_new_tokens=8", "params.questioner_steps=2", "params.solver_steps=2",
         "params.questioner_prompts=2", "params.questioner_group=2", "params.score_samples=2", "params.pool_size=6",
@@ -146,6 +147,48 @@ def test_pool_band_and_solver_step(random_model_dir):
     assert recipe.pool is rebuilt
 
 
+def test_pool_p_over_all_or_answered_samples_through_the_labeller(random_model_dir):
+    """The real labeller on canned solver answers: with ``answered`` an unparsed answer leaves the denominator, which
+    moves one question out of the band [0.25, 0.75] and another within it."""
+    answers = {"1+2": ["A:3", "A:3", "A:3", "S:?"], "2+2": ["A:4", "S:?", "S:?", "A:5"]}
+
+    def canned(solver):
+        def sample_groups(policy, prompts, n, seed, sampling=None):
+            if policy is not solver:  # the questioner's outputs (read by stub_questions)
+                return [[completion() for _ in range(n)] for _ in prompts]
+            return [[completion(a) for a in answers[p.removeprefix("Q:").removesuffix("=?\n")]] for p in prompts]
+        return sample_groups
+
+    for denominator, pool in (("all", [("1+2", "3", 0.75), ("2+2", "4", 0.25)]), ("answered", [("2+2", "4", 0.5)])):
+        recipe, _ = make("r_zero", random_model_dir, "params.pool_size=2", f"params.pool_p_denominator={denominator}")
+        stub_questions(recipe, ["1+2", "2+2"])
+        recipe.sample_groups = canned(recipe.solver_policy)
+        recipe.build_pool(3, 1)
+        assert sorted((i.question, i.label, i.p) for i in recipe.pool) == pool
+
+
+def test_solver_reward_weighs_agreement_and_format(random_model_dir):
+    """The code's solver reward 0.9 agree + 0.1 format on canned solutions (the pool labels are 3 and 4)."""
+    recipe, _ = make("r_zero", random_model_dir, "params.solver_format_weight=0.1", "params.pool_size=2",
+                     "params.solver_group=4")
+    stub_questions(recipe, ["1+2", "2+2"])
+    stub_labels(recipe, [["3", "5"], ["4", "6"]])  # ties: the first answer labels, p = 1/2
+    sample = recipe.sample_groups
+    texts = ["A:{}", "<think>x</think>\\boxed{{{}}}", "<think>x</think>\\boxed{{{}}}\nA:{}", "A:9"]
+
+    def sample_groups(policy, prompts, n, seed, sampling=None):
+        if policy is not recipe.solver_policy:
+            return sample(policy, prompts, n, seed, sampling)
+        labels = [str(arith.evaluate(p.removeprefix("Q:").removesuffix("=?\n"))) for p in prompts]
+        return [[completion(t.format(label, label)) for t in texts] for label in labels]
+
+    recipe.sample_groups = sample_groups
+    rows = [r for r in recipe.step(3).samples if r["role"] == "solver"]
+    assert [r["reward_terms"] for r in rows[:4]] == [{"agree": 1.0, "format": 0.0}, {"agree": 0.0, "format": 1.0},
+                                                     {"agree": 1.0, "format": 1.0}, {"agree": 0.0, "format": 0.0}]
+    assert [r["reward"] for r in rows] == pytest.approx([0.9, 0.1, 1.0, 0.0] * 2)
+
+
 def test_solver_init_copies_weights_and_resets_the_optimizer(random_model_dir):
     recipe, _ = make("r_zero", random_model_dir, "params.questioner_init=solver", "train.lr=1e-2")
     stub_questions(recipe, ["1+2"])
@@ -167,9 +210,27 @@ def test_solver_init_copies_weights_and_resets_the_optimizer(random_model_dir):
 
 
 def test_resume_reproduces_a_straight_run(tmp_path, random_model_dir):
+    """Resumed after step 4, the questioner's steps 5-6 train as in the straight run: the same samples, rewards,
+    weights and AdamW state (the questioner trains in steps 1, 2, 5 and 6, on canned outputs with rewards 0 and 1)."""
+    answers = {"1+2": ["3", "3"], "2+2": ["4", "5"]}  # p = 1 (reward 0) and 1/2 (reward 1)
+
     def recipe_for(steps):
-        recipe, config = make("r_zero", random_model_dir, f"steps={steps}", "train.lr=1e-2")
-        stub_questions(recipe, ["1+2", "2+2", "3+3"])
+        recipe, config = make("r_zero", random_model_dir, f"steps={steps}", "train.lr=1e-2",
+                              "params.repetition_weight=0")
+        sample = recipe.sample_groups
+
+        def sample_groups(policy, prompts, n, seed, sampling=None):  # the questioner writes both questions in turn
+            if policy is recipe.solver_policy:
+                return sample(policy, prompts, n, seed, sampling)
+            return [[completion(f"Q:{list(answers)[i % 2]}") for i in range(n)] for _ in prompts]
+
+        def label(questions, samples, seed, denominator):
+            for q in questions:
+                q.answers = answers[q.text]
+                q.vote = majority_vote(q.answers, None)
+                q.p = q.vote.p
+
+        recipe.sample_groups, recipe.label = sample_groups, label
         return recipe, config
 
     straight, config = recipe_for(6)  # 2 questioner + 2 solver steps, then iteration 2
@@ -180,9 +241,18 @@ def test_resume_reproduces_a_straight_run(tmp_path, random_model_dir):
     run(second, config, tmp_path / "resumed", resume=True, progress=False)
     assert [vars(i) for i in second.pool] == [vars(i) for i in straight.pool]
     for step in (5, 6):
-        a, b = (json.loads((root / "samples" / f"step_{step:06d}.jsonl").read_text().splitlines()[0])
+        a, b = ([json.loads(line) for line in (root / "samples" / f"step_{step:06d}.jsonl").read_text().splitlines()]
                 for root in (tmp_path / "straight", tmp_path / "resumed"))
-        assert a["completion"] == b["completion"] and a["reward"] == pytest.approx(b["reward"])
+        assert [r["completion"] for r in a] == [r["completion"] for r in b]
+        assert [r["reward"] for r in a] == [r["reward"] for r in b]
+    rows = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("questioner/grad_norm", 0) > 0] == [1, 2, 5, 6]
+    for role, trainer in straight.trainers().items():
+        resumed = second.trainers()[role]
+        assert all(torch.equal(a, b) for a, b in zip(trainer.model.state_dict().values(),
+                                                     resumed.model.state_dict().values())), role
+        sa, sb = trainer.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i]), role
 
 
 def test_presets_resolve():
