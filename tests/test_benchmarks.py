@@ -18,6 +18,7 @@ from coevolve.data.benchmarks import (
     split_options,
 )
 from coevolve.grading.extract import extract_hash_answer
+from coevolve.tasks import arith
 from coevolve.tasks import math as math_task
 from coevolve.tasks import mcq as mcq_task
 from coevolve.tasks.arith import HELD_OUT_SIZE as ARITH_HELD_OUT_SIZE
@@ -64,7 +65,8 @@ def test_arith_sets() -> None:
     for level in range(1, 7):
         items = load_benchmark(f"arith_l{level}")
         assert len(items) == ARITH_HELD_OUT_SIZE and {it.meta["level"] for it in items} == {level}
-        assert all(it.kind == "arith" and int(it.answer) == int(it.answer) for it in items)
+        assert all(it.kind == "arith" and it.answer == str(arith.evaluate(it.question))
+                   and arith.level_of(it.question) == level for it in items)
     everything = load_benchmark("arith")
     assert len(everything) == 6 * ARITH_HELD_OUT_SIZE and len({it.id for it in everything}) == len(everything)
     assert load_benchmark("arith_l3") == load_benchmark("arith_l3")

@@ -12,14 +12,16 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from PIL import Image
+from test_analytics import encoder, make_fake_run  # noqa: F401  (session fixture)
 
 from coevolve.analytics.compare import compare_runs, rich_table
 from coevolve.analytics.curriculum import generated_questions, load_run
 from coevolve.analytics.report import SECTIONS, write_report
-from test_analytics import encoder, make_fake_run  # noqa: F401  (session fixture)
+from coevolve.embeddings import embed
 
 DATA_URI = re.compile(r'<img[^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 CHROMIUM_INSTALL = "apt-get update && apt-get install -y chromium"
@@ -108,6 +110,16 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert len(DATA_URI.findall(dom)) == len(SECTIONS) - 1  # all but the coverage plot (needs embeddings)
 
 
+def _normalized_entropy(run_dir: Path, centroids: np.ndarray, step: int | None = None) -> float:
+    """H / log2 K of a run's valid generated questions (of one step, or all) over the nearest of ``centroids``."""
+    files = [run_dir / "samples" / f"step_{step:06d}.jsonl"] if step else sorted((run_dir / "samples").iterdir())
+    questions = [r["question"] for f in files for r in map(json.loads, f.read_text().splitlines())
+                 if r["role"] == "generator" and r["valid"] and isinstance(r["question"], str)]
+    counts = np.bincount(np.argmax(embed(questions) @ centroids.T, axis=1), minlength=len(centroids))
+    shares = counts[counts > 0] / counts.sum()
+    return float(-(shares * np.log2(shares)).sum() / np.log2(len(centroids)))
+
+
 def test_compare_runs(tmp_path: Path, encoder: object) -> None:  # noqa: F811
     a = make_fake_run(tmp_path / "a" / "run", seed=1, recipe="r_zero")
     b = make_fake_run(tmp_path / "b" / "run", seed=2, recipe="prism", steps=6, complete=False)
@@ -121,7 +133,10 @@ def test_compare_runs(tmp_path: Path, encoder: object) -> None:  # noqa: F811
     metrics = [json.loads(line) for line in (a / "metrics.jsonl").read_text().splitlines()]
     l1 = [m["eval/arith_l1/accuracy"] for m in metrics if "eval/arith_l1/accuracy" in m]
     assert ra["final/arith_l1"] == pytest.approx(l1[-1]) and ra["best/arith_l1"] == pytest.approx(max(l1))
-    assert 0 <= ra["normalized_entropy"] <= 1 and rb["mean_normalized_entropy"] is not None
+    centroids = np.load(tmp_path / "cmp" / "cluster_space" / "centroids.npy")
+    assert ra["normalized_entropy"] == pytest.approx(_normalized_entropy(a, centroids), abs=1e-6)
+    assert rb["mean_normalized_entropy"] == pytest.approx(
+        np.mean([_normalized_entropy(b, centroids, step) for step in range(1, 7)]), abs=1e-6)
     space = json.loads((tmp_path / "cmp" / "cluster_space" / "cluster_space.json").read_text())
     pooled = set(generated_questions(load_run(a))) | set(generated_questions(load_run(b)))
     assert space["k"] == 8 and space["n_corpus"] == len(pooled) == 74  # 50 + 30 minus 6 shared questions

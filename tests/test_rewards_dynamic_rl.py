@@ -143,17 +143,17 @@ def test_worked_example_advantages():
     assert a_s == pytest.approx([0, 0, 0, 0, 0.5, 0.5, 0.5, -1.5, 1.5, -0.5, -0.5, -0.5, 0, 0, 0, 0], abs=1e-5)
 
 
-def test_gradient_routing_question_rewards_do_not_touch_solution_advantages():
-    # A_s depends only on R_s of the same question; changing a question-side reward leaves it unchanged and vice versa.
+def test_question_and_solution_advantages_by_hand():
+    # A_q over three questions: Z(R_q) = [-1, 1, 0]; Z(R_dq) = [-0.8729, -0.2182, 1.0911] (mean 0.5667, std 0.3055);
+    # Z(R_da) = [1.1547, -0.5774, -0.5774]; A_q = 1e-3 Z(R_q) + 0.1 Z(R_dq) + Z(R_da); reversing R_dq moves its term.
     base = {"R_q": [0.0, 1.0, 0.5], "R_dq": [0.3, 0.5, 0.9], "R_da": [1.0, 0.5, 0.5]}
     weights = {"R_q": 1e-3, "R_dq": 0.1, "R_da": 1.0}
-    a_q = decomposed_advantages(base, weights, [0, 0, 0])
-    moved = decomposed_advantages({**base, "R_dq": [0.9, 0.5, 0.3]}, weights, [0, 0, 0])
-    assert moved != pytest.approx(a_q)
-    r_s, groups = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1]
-    a_s = decomposed_advantages({"R_s": r_s}, {"R_s": 1.0}, groups)
-    assert decomposed_advantages({"R_s": r_s}, {"R_s": 1.0}, groups) == pytest.approx(a_s)
-    assert decomposed_advantages(base, weights, [0, 0, 0]) == pytest.approx(a_q)
+    assert decomposed_advantages(base, weights, [0, 0, 0]) == pytest.approx([1.06641, -0.59817, -0.46824], abs=1e-4)
+    assert decomposed_advantages({**base, "R_dq": [0.9, 0.5, 0.3]}, weights, [0, 0, 0]) == pytest.approx(
+        [1.26281, -0.59817, -0.66464], abs=1e-4)
+    # A_s within each question's solutions: [1, 0, 1] -> (r - 2/3) / 0.5774, [1, 0, 0] -> (r - 1/3) / 0.5774
+    a_s = decomposed_advantages({"R_s": [1.0, 0.0, 1.0, 1.0, 0.0, 0.0]}, {"R_s": 1.0}, [0, 0, 0, 1, 1, 1])
+    assert a_s == pytest.approx([0.57735, -1.1547, 0.57735, 1.1547, -0.57735, -0.57735], abs=1e-4)
 
 
 # --- filters ---------------------------------------------------------------------------------------------------------
