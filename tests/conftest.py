@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,10 +57,12 @@ def random_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def small_tiny_arith(tmp_path_factory):
-    """(cache folder, model folder) of the quick tiny-arith test build: weak, but it writes the task formats."""
+    """(cache folder, model folder) of the quick tiny-arith test build: weak, but it writes the task formats. Built
+    once per session, or kept in ``COEVOLVE_TEST_CACHE`` across sessions when that is set (bench/mutation.py)."""
     from coevolve.models.tiny_arith import TinyArithBuild, ensure_tiny_arith
 
-    cache = tmp_path_factory.mktemp("models")
+    kept = os.environ.get("COEVOLVE_TEST_CACHE")
+    cache = Path(kept) if kept else tmp_path_factory.mktemp("models")
     return cache, ensure_tiny_arith(cache, TinyArithBuild.for_tests(), progress=False)
 
 
@@ -67,3 +70,14 @@ def small_tiny_arith(tmp_path_factory):
 def vllm_model_dir(tmp_path_factory):
     """A random tiny Llama with head size 32 (vLLM's CPU attention needs >= 32) and tied embeddings."""
     return save_random_llama(tmp_path_factory.mktemp("vllm-tiny"), hidden=64, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def dynamic_rl_run(small_tiny_arith, tmp_path_factory):
+    """The uninterrupted one-process run of ``run_checks.DYNAMIC_RL_RUN`` that distributed and resumed runs match."""
+    from run_checks import DYNAMIC_RL_RUN, launch
+
+    out = tmp_path_factory.mktemp("dynamic-rl") / "one"
+    done = launch([*DYNAMIC_RL_RUN, "--set", f"model={small_tiny_arith[1]}", "--out", str(out)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
