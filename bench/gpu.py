@@ -31,8 +31,8 @@ import argparse
 import json
 import string
 import tempfile
-from functools import partial
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -148,15 +148,26 @@ def bench_sampling(folder: Path, device: torch.device, prompts: int, tokens: int
             "first_call_s": calls[0], "tokens_per_s": generated / calls[-1]}
 
 
+TRAINING_VARIANTS: dict[str, dict[str, Any]] = {  # UpdateSettings overrides on top of the GPU defaults
+    "defaults": {},  # micro-batches of 8 sequences, gradient checkpointing, the chunked log-prob head
+    "tokens_16k": {"micro_batch_tokens": 16384},  # passes of up to 16,384 tokens (25 of the 640-token sequences)
+    "tokens_16k_compile": {"micro_batch_tokens": 16384, "compile": True},  # and each decoder layer compiled
+}
+
+
 def bench_training(folder: Path, device: torch.device, sequences: int, prompt_len: int, completion_len: int,
-                   micro_batch: int, profile: bool = False) -> dict[str, Any]:
+                   micro_batch: int, profile: bool = False, **overrides: Any) -> dict[str, Any]:
+    """One ``PolicyTrainer.update`` with the GPU defaults (bf16 autocast, gradient checkpointing, micro-batch
+    ``micro_batch``), ``overrides`` replacing any ``UpdateSettings`` field; timed after a warm-up update on the same
+    batch shape (kernels, AdamW state, compilation)."""
     from coevolve.models import load_policy
     from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
 
     policy = load_policy(str(folder), device=str(device))
     model, config = policy.model, policy.model.config
-    trainer = PolicyTrainer(model, policy.tokenizer, UpdateSettings(
-        lr=1e-6, micro_batch_size=micro_batch, dtype="bf16", gradient_checkpointing=True))
+    settings = {"lr": 1e-6, "micro_batch_size": micro_batch, "dtype": "bf16", "gradient_checkpointing": True,
+                **overrides}
+    trainer = PolicyTrainer(model, policy.tokenizer, UpdateSettings(**settings))
     gen = torch.Generator().manual_seed(0)
 
     def batch(n: int) -> list[TrainSample]:
@@ -164,7 +175,9 @@ def bench_training(folder: Path, device: torch.device, sequences: int, prompt_le
         return [TrainSample(row[:prompt_len], row[prompt_len:], [-5.0] * completion_len, (-1.0) ** i)
                 for i, row in enumerate(ids)]
 
-    trainer.update(batch(micro_batch))  # warm-up: kernels, AdamW state
+    warm_up = time.perf_counter()
+    trainer.update(batch(sequences))
+    warm_up = time.perf_counter() - warm_up
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     sync(device)
@@ -173,13 +186,14 @@ def bench_training(folder: Path, device: torch.device, sequences: int, prompt_le
     sync(device)
     seconds = time.perf_counter() - started
     peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    top = top_kernels(lambda: trainer.update(batch(sequences)), device) if profile else None
+    top = top_kernels(partial(trainer.update, batch(sequences)), device) if profile else None
     tokens = sequences * (prompt_len + completion_len)
     n_params = sum(p.numel() for p in model.parameters())
     flops_per_token = 6 * n_params + 6 * config.num_hidden_layers * config.hidden_size * (prompt_len + completion_len)
     peak = peak_tflops(device)
     achieved = flops_per_token * tokens / seconds / 1e12
-    result = {"sequences": sequences, "tokens_per_sequence": prompt_len + completion_len, "micro_batch": micro_batch,
+    result = {"settings": {k: v for k, v in settings.items() if k != "lr"}, "warm_up_s": warm_up,
+              "sequences": sequences, "tokens_per_sequence": prompt_len + completion_len, "micro_batch": micro_batch,
               "parameters": n_params, "seconds": seconds, "tokens_per_s": tokens / seconds,
               "achieved_tflops": achieved, "peak_bf16_tflops": peak, "mfu": achieved / peak if peak else None,
               "peak_memory_gib": peak_gib, "top_kernels": top}
@@ -267,6 +281,8 @@ def main() -> None:
     parser.add_argument("--anchor-tokens", type=int, default=64, help="--quick: new tokens for fp32 and generate")
     parser.add_argument("--train-sequences", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--only", nargs="+", default=[], help="run only the measurements whose name contains one of "
+                        "these (names: SIZE/sampling/VARIANT, SIZE/training/VARIANT, SIZE/two_role_step)")
     parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "coevolve-gpu-bench")
     args = parser.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -289,22 +305,29 @@ def main() -> None:
         RESULTS["machine"]["torch"] = torch.__version__
     prompts, tokens = (4, 8) if small else (args.sample_prompts, args.sample_tokens)
     anchor = min(args.anchor_tokens, tokens) if args.quick else tokens
-    for shape in shapes:
-        folder = build_model_folder(shape, args.scratch / shape)
-        print(f"== {shape} ({folder})", flush=True)
+    sequences, prompt_len, completion_len = (4, 8, 8) if small else (args.train_sequences, 128, 512)
+    folders = {shape: build_model_folder(shape, args.scratch / shape) for shape in shapes}
+    plan: list[tuple[str, Callable[[], dict[str, Any]]]] = []  # in the order they run: the headline figures first
+    for shape, folder in folders.items():
         for variant, new in (("bf16_graphs", tokens), ("bf16", tokens), ("fp32", anchor), ("generate", anchor)):
-            guarded(f"{shape}/sampling/{variant}", RESULTS, path,
-                    partial(bench_sampling, folder, device, prompts, new, variant))
-        guarded(f"{shape}/training", RESULTS, path, partial(
-            bench_training, folder, device, 4 if small else args.train_sequences, 8 if small else 128,
-            8 if small else 512, 2 if small else args.micro_batch, profile=True))
+            plan.append((f"{shape}/sampling/{variant}", partial(bench_sampling, folder, device, prompts, new, variant)))
+        for variant, overrides in TRAINING_VARIANTS.items():
+            budget = overrides.get("micro_batch_tokens")
+            if budget and small:
+                overrides = {**overrides, "micro_batch_tokens": 32}
+            plan.append((f"{shape}/training/{variant}", partial(
+                bench_training, folder, device, sequences, prompt_len, completion_len,
+                2 if small else args.micro_batch, profile=variant == "defaults", **overrides)))
         if not args.quick or shape != "0.5b":
-            guarded(f"{shape}/two_role_step", RESULTS, path,
-                    partial(bench_two_role_step, folder, device, step_sizes, args.offload))
+            plan.append((f"{shape}/two_role_step", partial(bench_two_role_step, folder, device, step_sizes,
+                                                           args.offload)))
     # Last, as it may spend minutes on its own warm-up: transformers' continuous batching on the first size.
-    folder = args.scratch / shapes[0]
-    guarded(f"{shapes[0]}/sampling/continuous", RESULTS, path,
-            partial(bench_sampling, folder, device, prompts, anchor, "continuous"))
+    plan.append((f"{shapes[0]}/sampling/continuous",
+                 partial(bench_sampling, folders[shapes[0]], device, prompts, anchor, "continuous")))
+    plan.sort(key=lambda item: "compile" in item[0])  # compilation takes minutes: after everything else
+    for name, measure in plan:
+        if not args.only or any(part in name for part in args.only):
+            guarded(name, RESULTS, path, measure)
     for key, row in RESULTS.items():
         if "/" in key:
             print(f"{key}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"

@@ -17,7 +17,9 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-
+# Tokens per forward/backward pass on a GPU when train.micro_batch_tokens is unset (H200, 1.5B: 27% of the bf16 peak
+# against 22% for passes of 8 x 640-token sequences; 0.5B: 14% against 8%; bench/README.md).
+GPU_MICRO_BATCH_TOKENS = 16384
 DEFAULT_TIS_CAP = 2.0  # rho_max of TIS when rollouts are not sampled from pi itself (INFUSER's 2.0; verl's value)
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(nan|inf)", re.IGNORECASE)
 MAX_CONFIG_BYTES = 1 << 20  # a resolved config.yaml is about 2 KB
@@ -81,7 +83,9 @@ class TrainConfig(Strict):
     mini_batch_size: int = Field(0, ge=0, description="sequences per optimizer step; 0 = whole batch")
     micro_batch_size: int = Field(8, gt=0)
     micro_batch_tokens: int | None = Field(None, gt=0, description="tokens per forward/backward pass instead of "
-                                           "micro_batch_size sequences (a shared prompt counts once when packed)")
+                                           "micro_batch_size sequences (a shared prompt counts once when packed); "
+                                           "unset: 16,384 on a GPU for models whose log-prob head runs in chunks "
+                                           "(Llama, Mistral, Qwen2, Qwen3), micro_batch_size sequences otherwise")
     epochs: int = Field(1, gt=0)
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.2, ge=0)
@@ -97,6 +101,8 @@ class TrainConfig(Strict):
         "state); auto: bf16 on a CUDA device that has it, fp32 otherwise")
     gradient_checkpointing: bool | None = Field(None, description="recompute activations in the backward pass "
                                                 "(unset: on with CUDA, off on CPU)")
+    compile: bool = Field(False, description="torch.compile each decoder layer of the trained model (fuses its "
+                          "elementwise kernels; the first update compiles)")
     offload_idle_role: bool = Field(False, description="keep only the role that samples or trains on the GPU; the "
                                     "other roles' weights and AdamW state wait in host memory (no effect on CPU)")
     fsdp: bool = Field(False, description="shard each role's weights, gradients and AdamW state over the processes "
@@ -280,6 +286,7 @@ def check_runtime(config: RunConfig, processes: int = 1) -> None:
                               "or accelerate launch)")
         for on, why in ((config.train.lora is not None, "train.lora"),
                         (config.train.offload_idle_role, "train.offload_idle_role"),
+                        (config.train.compile, "train.compile"),
                         (config.rollout.engine == "vllm", "rollout.engine=vllm"),
                         (config.recipe == "infuser", "infuser's per-question influence gradients")):
             if on:

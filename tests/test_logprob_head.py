@@ -99,3 +99,25 @@ def test_unrecognised_models_small_passes_and_the_off_switch_keep_the_plain_head
     assert logprob_head.split_model(model, one_chunk) is None and logprob_head.split_model(model, one_chunk + 1)
     monkeypatch.setattr(logprob_head, "HEAD_CHUNK_LOGITS", 0)
     assert logprob_head.split_model(model, 1 << 40) is None
+
+
+def test_gpu_passes_default_to_a_token_budget_only_where_the_head_runs_in_chunks(random_policy):
+    """Unset ``train.micro_batch_tokens``: GPU_MICRO_BATCH_TOKENS on a GPU for a model the chunked head covers; on a
+    CPU, for other architectures and when the key is set, what the config says (None: micro_batch_size)."""
+    from types import SimpleNamespace
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from coevolve.config import GPU_MICRO_BATCH_TOKENS
+    from coevolve.recipes import resolve
+    from coevolve.recipes.base import Recipe
+
+    def budget(sets: list[str], model, on_cuda: bool) -> int | None:
+        recipe = SimpleNamespace(config=resolve("grpo", sets=sets)[0])
+        return Recipe._micro_batch_tokens(recipe, SimpleNamespace(model=model), on_cuda)
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64))
+    assert budget([], random_policy.model, on_cuda=True) == GPU_MICRO_BATCH_TOKENS
+    assert budget([], random_policy.model, on_cuda=False) is None
+    assert budget([], gpt2, on_cuda=True) is None
+    assert budget(["train.micro_batch_tokens=512"], random_policy.model, on_cuda=True) == 512

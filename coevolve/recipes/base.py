@@ -20,9 +20,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from coevolve import distributed
-from coevolve.config import DEFAULT_TIS_CAP, ConfigError, RunConfig
+from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, ConfigError, RunConfig
 from coevolve.formats import GeneratorFormat, examples_block, load_worked_examples, solver_answer_regex
 from coevolve.models import Policy, load_policy
+from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency, ResidentEngine
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
 from coevolve.rollout import Completion, RolloutEngine, SamplingParams, make_engine, weights_version
@@ -141,12 +142,13 @@ class Recipe:
         settings = UpdateSettings(
             lr=train.lr, weight_decay=train.weight_decay, grad_clip=train.grad_clip,
             mini_batch_size=train.mini_batch_size, micro_batch_size=train.micro_batch_size,
-            micro_batch_tokens=train.micro_batch_tokens, epochs=train.epochs,
+            micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda), epochs=train.epochs,
             clip_low=train.clip_low, clip_high=train.clip_high, tis_cap=tis_cap, kl_beta=train.kl_beta,
             loss_agg=train.loss_agg, norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature,
             lora=train.lora.model_dump() if train.lora else None, dtype="bf16" if bf16 else "fp32",
             gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing,
+            compile=train.compile,
             fsdp=train.fsdp,
         )
         for key, value in overrides.items():
@@ -162,6 +164,13 @@ class Recipe:
         if self._residency is not None:
             self._residency.register(trainer)
         return trainer
+
+    def _micro_batch_tokens(self, policy: Policy, on_cuda: bool) -> int | None:
+        """``train.micro_batch_tokens``; unset, ``GPU_MICRO_BATCH_TOKENS`` on a GPU for a model whose log-prob head
+        runs in chunks (whole logits of that many tokens would not fit), else passes of ``micro_batch_size``."""
+        if self.config.train.micro_batch_tokens is not None or not on_cuda:
+            return self.config.train.micro_batch_tokens
+        return GPU_MICRO_BATCH_TOKENS if logprob_head.cut_at_head(policy.model) is not None else None
 
     def _bf16(self, setting: str) -> bool:
         """Whether a ``train.dtype`` / ``rollout.dtype`` setting means bf16 on this run's device."""

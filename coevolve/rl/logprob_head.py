@@ -38,21 +38,25 @@ def split_model(model: torch.nn.Module, tokens: int) -> SplitModel | None:
     """The body and head of ``model`` when the chunked head applies to a pass that predicts ``tokens`` tokens, else
     None (use ``model(...).logits``).
 
-    It applies when ``tokens`` x the vocabulary exceeds ``HEAD_CHUNK_LOGITS`` (which is not 0), to the architectures
-    in ``CHUNKED_MODEL_TYPES``, also LoRA-wrapped (peft), whose head is a plain bias-free ``nn.Linear`` (not a LoRA or
-    modules-to-save wrapper), and not to an FSDP-sharded model (its root unit gathers the embeddings and head only in
-    the whole model's forward).
+    It applies when ``tokens`` x the vocabulary exceeds ``HEAD_CHUNK_LOGITS`` (which is not 0), to a model
+    :func:`cut_at_head` can cut, and not to an FSDP-sharded model (its root unit gathers the embeddings and head only
+    in the whole model's forward).
     """
-    if not HEAD_CHUNK_LOGITS:
+    split = cut_at_head(model) if HEAD_CHUNK_LOGITS else None
+    if split is None or tokens * split.head.out_features <= HEAD_CHUNK_LOGITS or distributed.is_sharded(model):
         return None
+    return split
+
+
+def cut_at_head(model: torch.nn.Module) -> SplitModel | None:
+    """``model`` cut at its output head: the architectures in ``CHUNKED_MODEL_TYPES``, also LoRA-wrapped (peft),
+    whose head is a plain bias-free ``nn.Linear`` (not a LoRA or modules-to-save wrapper); else None."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the transformers model
     if getattr(getattr(inner, "config", None), "model_type", None) not in CHUNKED_MODEL_TYPES:
         return None
     body = getattr(inner, "model", None)
     head = inner.get_output_embeddings()
     if body is None or type(head) is not torch.nn.Linear or head.bias is not None:
-        return None
-    if tokens * head.out_features <= HEAD_CHUNK_LOGITS or distributed.is_sharded(inner):
         return None
     return SplitModel(body, head)
 

@@ -17,9 +17,10 @@ import torch
 
 from coevolve import distributed
 from coevolve.rl import logprob_head
+from coevolve.rl.compiled_layers import compile_decoder_layers
 from coevolve.rl.losses import policy_loss
 from coevolve.rl.residency import Residency
-from coevolve.rollout.hf import left_pad, position_ids_from_mask
+from coevolve.rollout.base import left_pad, position_ids_from_mask
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class UpdateSettings:
     lora: dict | None = None  # peft LoraConfig kwargs, e.g. {"r": 8, "lora_alpha": 16}
     dtype: str = "fp32"  # fp32 | bf16 (bf16 autocast for forward and backward; fp32 weights and AdamW state)
     gradient_checkpointing: bool = False
+    compile: bool = False  # torch.compile each decoder layer (coevolve.rl.compiled_layers)
     fsdp: bool = False  # shard weights, gradients and AdamW state over the ranks (coevolve.distributed.shard_model)
 
 
@@ -253,6 +255,8 @@ class PolicyTrainer:
             model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **settings.lora))
         if settings.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if settings.compile:
+            compile_decoder_layers(model)
         self.model = model
         self.reference = None
         if settings.kl_beta > 0 and not settings.lora:
