@@ -1,6 +1,6 @@
 """Dynamic RL ("All by Large Language Model Itself"): one policy writes its own questions and learns to answer them.
 
-Algorithm 1 of the paper, one step (spec: shared/spec/dynamic_rl.md §3):
+Algorithm 1 of the paper (anonymous submission, no arXiv id; §2), one step:
     3. sample n questions q_i ~ pi(.|z_0) from the fixed prompt z_0 (one group: all share z_0);
     4. sample m solutions s_ij ~ pi(.|q_i, z_q) for each question;
     5. majority vote: golden answer l(q), support r(q), p(q) = r(q)/m (Eq. 4, 5, 7);
@@ -12,13 +12,13 @@ Algorithm 1 of the paper, one step (spec: shared/spec/dynamic_rl.md §3):
    11. one update of pi on Eq. 14: A_q = sum of lambda-weighted z-scores of R_q, R_dq, R_da over the n questions, on
        the question tokens; A_s = lambda_s z-score of R_s over the m solutions of a question, on the solution tokens.
 
-Malformed outputs (no question) are filtered, kept in the n-question statistics and not solved (spec §13 item 3).
+Malformed outputs (no question) are filtered, kept in the n-question statistics and not solved (the paper is silent on them).
 Our reading where the paper is silent: a malformed output's R_dq and R_da are the batch minimum over the well-formed
 questions (:func:`coevolve.rewards.similarity.malformed_floor`); by Eq. 10 its empty text would otherwise have the
 batch's highest R_dq and so the highest question advantage.
 
 Step structure: the paper names no PPO mini-batches or epochs; ``paper`` takes one whole-batch AdamW step per step,
-1 epoch (spec §7, inferred from the BNPO recipe), which also keeps Eq. 14's two means exact (``loss_terms``).
+1 epoch (§3.1 gives none; inferred from the BNPO recipe), which also keeps Eq. 14's two means exact (``loss_terms``).
 ``policy/optimizer_steps`` logs the steps taken, ``<role>/advantage_abs_mean`` the advantage scale per role.
 """
 
@@ -114,7 +114,7 @@ class GeneratedQuestion:
 
 
 def parse_paper_question(completion: Completion) -> ParsedQuestion | None:
-    """q from the z_0 output: the text after the first "Question:" up to "Solution:" (spec §5).
+    """q from the z_0 output: the text after the first "Question:" up to "Solution:" (paper §2 "Prompt").
 
     Malformed (None): no "Question:", an empty question, or cut off by the length limit before "Solution:".
     """
@@ -156,7 +156,7 @@ class DynamicRL(Recipe):
             "model": "tiny-arith", "task": "arith", "steps": 120, "eval_every": 20,
             "params": {"n": 32, "m": 8, "question_max_tokens": 48},
         },
-        "paper": {  # §3.1 / spec §7; the paper's models are Qwen2.5-Math-1.5B/7B (--set model=...)
+        "paper": {  # §3.1; the paper's models are Qwen2.5-Math-1.5B/7B (--set model=...)
             "model": "smollm2-135m", "task": "math", "steps": 1260,
             "rollout": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 3072},
             "train": {"lr": 1e-6, "kl_beta": 0.0, "grad_clip": 1.0, "micro_batch_size": 4, "mini_batch_size": 0,
@@ -174,7 +174,7 @@ class DynamicRL(Recipe):
         self.trainer = self.make_trainer(self.policy)
         self.style = self.policy.prompt_style
         # z_0: the paper's prompt for free-form math (generation stops at "Solution:", so the output is the question
-        # plus its delimiter, spec §13 item 2); the arithmetic world's writer prompt ("W:" for tiny-arith) otherwise.
+        # plus its delimiter); the arithmetic world's writer prompt ("W:" for tiny-arith) otherwise.
         paper_prompt = self.task.name != "arith"
         self.z0 = self.policy.format_prompt(self.generator_message(Z0) if paper_prompt
                                             else arith.question_prompt(self.style))
@@ -234,7 +234,7 @@ class DynamicRL(Recipe):
         return parse_paper_question(output)
 
     def question_tokens(self, question: str | None) -> list[int]:
-        """t(q) for S_q: the policy's tokens of the question text, no special tokens (spec §13 item 18)."""
+        """t(q) for S_q: the policy's tokens of the question text, no special tokens (Eq. 10 does not name a tokenizer)."""
         return self.policy.tokenizer(question, add_special_tokens=False)["input_ids"] if question else []
 
     def filter_rules(self, question: str | None) -> list[str]:

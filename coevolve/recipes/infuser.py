@@ -1,7 +1,7 @@
 r"""INFUSER: a document-grounded generator rewarded by its questions' influence on the solver's dev-set progress.
 
-Paper: ``shared/seeds/infuser.txt`` (Algorithm 1); spec: ``shared/spec/infuser.md`` §3. Generator π_φ and solver π_θ
-start from the same weights, each with its own AdamW. One step is one iteration t:
+Paper: INFUSER: Influence-Guided Self-Evolution Improves Reasoning (Chen et al.; Algorithm 1, §2.3 and App. C.1);
+released code: ``FFishy-git/INFUSER``. Generator π_φ and solver π_θ start from the same weights, each with its own AdamW. One step is one iteration t:
 
 Phase 1  dev reference: n solver rollouts on every dev question (q̃, ã*), r̃ = 1[ã ≡ ã*], Â = r̃ - mean (Dr.GRPO);
          zero-variance dev groups dropped; ĝ_dev = ∇_θ of the clipped objective (2.10) on the rest (no step).
@@ -17,55 +17,9 @@ Phase 5  generator update: DuGRPO over each document's n outputs (2.14), zero-va
 Phase 6  solver update: Dr.GRPO advantages of Phase 3 on the retained questions, M questions per optimizer step.
 
 The generator is updated before the solver on the same rollouts; every influence score uses the solver of the start
-of the iteration. ``frozen_generator: true`` is Fix-gen (Phases 1, 4 and 5 skipped, spec §3).
+of the iteration. ``frozen_generator: true`` is Fix-gen (Phases 1, 4 and 5 skipped, §3.3.1).
 
-Tasks. ``arith`` (tiny-arith): documents are fact sheets, the generator's prompt is ``D:<sheet>\nW:\n`` and its
-output ``Q:<expr>\nS:<trace>\nA:<a_φ>``; valid when the expression parses over the sheet and a_φ is an integer. The
-question names the sheet's variables, so the solver reads the sheet with it. The dev set is an even mix of the
-grounded held-out slices of ``dev_levels`` (:func:`coevolve.documents.dev_set`), which the plain ``arith_l*``
-evaluation sets do not contain.
-``math`` (chat models): documents are OpenStax chunks (or ``document_source``), the generator writes the free-form
-variant's JSON (§5.2: ``question_text``, ``ground_truth``; the long hardening fields are dropped at this scale, spec
-§13 item 14), the dev set is MATH test outside MATH-500 (``dev_source: gsm8k`` for GSM8K test). The dev set is never
-trained on and never in the generator's prompt.
-
-Paper vs released code (spec §13), ``paper`` / ``reference_code`` (defaults follow the paper):
-
-=====  ==========================  ======================================  ====================================
-item   what                        paper                                   released code
-=====  ==========================  ======================================  ====================================
-1      loss aggregation (2.10)     (1/n) sum_i (1/C) sum_t (``token_sum``)  token mean over the minibatch
-8      dev gradient weighting      per-question average (same loss)        token mean over all dev tokens
-=====  ==========================  ======================================  ====================================
-
-Both follow the code where the paper is silent: eps of Γ̂ outside the root (§13 item 2; the typeset D.4 has it inside,
-the paper's App. D.3 text outside), t = solver steps + 1 with v = 0 before the first step (item 3), zero-variance
-questions score 0 (item 4), σ_d unbiased and σ_B over non-zero groups (item 5), the paper's ``batch_std`` (item 6).
-Item 8 needs no switch: the dev gradient uses the run's loss aggregation, so it is the per-question average under the
-paper's 1/C and the token mean under ``token_mean``. TIS (ρ_max = 2) is on, though one engine samples and trains
-here (weights about 1). MCQ generation (the paper's default, §5.1) is not here: the task registry has no MCQ task yet;
-``dev_set("mcq", ...)`` exists for it.
-
-Step structure (both roles, paper and code, spec §3 lines 17-19): M = 32 prompts x n = 8 = 256 sequences per AdamW
-step, 1 PPO epoch, so a step takes about ceil(retained / M) generator and solver steps; ``minibatch_prompts`` is M and
-``train.epochs`` the epochs. ``<role>/optimizer_steps`` logs them.
-
-Is the reward signal? Each step logs ``dev/groups_kept`` (informative dev groups), ``dev/half_cosine`` (the cosine
-between the dev gradients of two random halves of the dev set: near 0, one draw of ĝ_dev is noise) and, every
-``validity_every`` steps, ``influence/validity_spearman``: the rank correlation between ŝ and the change in dev
-reward after one real update on each question alone (the validity check of spec §12.2), estimated by importance
-weighting on fresh dev rollouts (:func:`coevolve.rl.influence.one_step_dev_gains`); ``..._same_rollouts`` estimates it
-on Phase 1's rollouts, which ĝ_dev shares, so it checks only the first-order approximation.
-
-``small`` (tiny-arith): 8 fact sheets x 4 outputs x 4 answers per step; the dev set is 128 grounded questions of
-levels 1-4 (32 each) x 8 rollouts, which the untrained solver answers about 25% right when sampling (measured: 81%,
-6-9%, 6%, 6% at levels 1-4), so about a third of its groups are informative (a level-4-only dev set of 32 x 4, about
-5% right, left 4-7); generator and solver budgets are 96 tokens, the evaluation budget. Phase 1's 1,024 dev
-rollouts and its backward over the informative ones take most of a step (about 5 of 6 s on one core; 256 prompts per
-sampling batch save about 1 s).
-
-Ablations (Table 10): ``influence: sgd_cosine`` (Γ̂ = ĝ), ``generator_advantage: grpo | batch_norm`` (group_std /
-batch_std), ``frozen_generator: true`` (Fix-gen).
+Tasks, paper vs released code, step structure, presets and ablations: ``docs/recipes/infuser.md``.
 """
 
 from __future__ import annotations
@@ -103,7 +57,7 @@ from coevolve.rollout import Completion
 from coevolve.tasks import arith
 from coevolve.tasks.registry import Problem, get_task
 
-# Generator, free-form math variant (spec §5.1-5.2, the JSON core kept).
+# Generator, free-form math variant (paper App. F.4, the JSON core kept).
 GENERATOR_PROMPT = """You are an expert educator who writes challenging exam questions and always outputs valid JSON.
 
 Your task is to write ONE challenging question based on the document below.
@@ -136,7 +90,7 @@ _PAPER_SCALE = {
 
 @parses_model_text()
 def parse_generator_json(text: str) -> tuple[str, str] | None:
-    """(question_text, ground_truth) of the last JSON object in ``text`` that has both, non-empty (spec §6.1), outside
+    """(question_text, ground_truth) of the last JSON object in ``text`` that has both, non-empty (as the released code reads it), outside
     ``<think>`` blocks and code fences."""
     kept, pos = [], 0
     for start, _, _, end in tag_blocks(text, "think"):
@@ -356,7 +310,7 @@ class Infuser(Recipe):
                          for c in group]) for problem, group in zip(self.dev, groups)]
 
     def validity(self, step: int, retained: list[Generated], dev_samples: list[TrainSample]) -> dict[str, float]:
-        """The paper's validity check (spec §12.2): Spearman correlation between ŝ and the change in dev reward after
+        """A validity check of the influence reward: Spearman correlation between ŝ and the change in dev reward after
         one solver update on each question alone (:func:`coevolve.rl.influence.one_step_dev_gains`), estimated on
         fresh dev rollouts (``validity_spearman``: the actual change, its noise independent of ĝ_dev's) and on
         Phase 1's (``validity_spearman_same_rollouts``: how well the first-order term predicts the step)."""
@@ -376,7 +330,7 @@ class Infuser(Recipe):
         return self.generator.format_prompt(self.generator_message(GENERATOR_PROMPT.format(text=doc)))
 
     def read_generation(self, text: str, doc: str) -> tuple[str | None, str | None]:
-        """(q, a_φ) of a valid generation (§6.1), (None, None) for an invalid one."""
+        """(q, a_φ) of a valid generation, (None, None) for an invalid one."""
         if self.arith:
             parsed = arith.parse_question(text, self.style, doc)
             if parsed is None or parsed.answer is None or not _INTEGER.fullmatch(parsed.answer.strip()):

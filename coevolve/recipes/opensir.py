@@ -1,6 +1,7 @@
 r"""OpenSIR: one policy plays teacher and student, seeded by a growing pool of its own problems.
 
-Paper: ``shared/seeds/opensir.txt`` (Algorithm 1); spec: ``shared/spec/opensir.md``. Per step t:
+Paper: OpenSIR: Open-Ended Self-Improving Reasoner (anonymous submission, no arXiv id; §2, Algorithm 1); released
+code: ``EdinburghNLP/OpenSIR``. Per step t:
 
 Problem generation (lines 2-6)
     1. draw k reference problems p_1..p_k from the pool P_{t-1}, uniformly with replacement;
@@ -21,49 +22,7 @@ Model update (lines 18-21)
 The generation count follows the paper: k = B/G groups (``teacher_upscale`` = 2 generated groups per trained
 one), so B/2 teacher and B/2 student sequences enter each update.
 
-Presets. ``paper`` follows the text, ``reference_code`` the released code (EdinburghNLP/OpenSIR), both at the
-paper's scale on the one offline chat model (SmolLM2-135M; GPU-scale, hours per step on a CPU). ``small`` is
-tiny-arith in the arithmetic world with the paper's rules at B = 64, G = 8 (spec §12.3).
-
-Paper vs released code (spec §13), ``paper`` / ``reference_code``:
-
-====  ============================  ====================================  ========================================
-item  what                          paper (``paper``)                     released code (``reference_code``)
-====  ============================  ====================================  ========================================
-3     triangle end value (Eq. 2)    1/G (``sol_edge: inv_group``)         1/#levels in range (``inv_levels``)
-4     solve-rate denominator        G (``group``)                         parsed answers (``parsed``)
-5     diversity                     min cosine distance to P_{t-1}        (1 - mean top-5 cos-sim)/2 (a)
-8     selection score               score_novel (``novelty``)             sol + div (``sol_div``)
-9     selection scope, upscale      global, 2 (``global``)                1 of 4 groups per chunk (``chunked``)
-10    teacher format rules          tags + at most 3 concepts             parse_xml rules; fmt needs <think>
-11    teacher-group variance        all G outputs (invalid = 0)           valid ones; -1 if none (``valid_only``)
-13    loss aggregation              per-sequence mean (Eq. 7)             token mean (``train.loss_agg``)
-16    student format                answer in \boxed{} (``boxed``)        "Therefore, the final answer is: ..."
-====  ============================  ====================================  ========================================
-
-(a) over the other problems of the batch and the pool; the batch is the step's valid problems here, the 32
-problems of one micro-batch in the code.
-
-Step structure: both presets take one AdamW step per step on the B = 256 trained sequences (B/2 teacher + B/2
-student), 1 epoch (``train.mini_batch_size: 0``, ``train.epochs: 1``): the code accumulates 8 micro-steps on each of
-2 GPUs into one optimizer step, on-policy (``num_iterations`` 1; spec §4.8). ``policy/optimizer_steps`` logs it.
-
-Not reproduced (need pieces outside this recipe): the code's 512-problem bootstrap pool (item 1; both presets
-start from the seed), its loss mask over the ``<concepts>`` span (item 15; the trainer has no per-token mask) and
-the 20-step learning-rate warm-up (item 12; the trainer has no schedule). The encoder is all-MiniLM-L6-v2 (the
-paper's is Linq-Embed-Mistral 7B). The chat prompts fold the system text into the user turn (as the code does for
-Gemma). Evaluation uses the harness's solver prompt, not Fig. 22.
-
-Ablations: ``w_div: 0`` (no diversity), ``w_len: 0`` (no length), ``s_min`` (solve-rate range),
-``diversity: concepts`` (Eq. 10), ``train_roles: student`` (teacher frozen at the initial weights, §4.4; also what
-``frozen_generator: true`` does) or ``teacher``.
-
-tiny-arith (``small``): the teacher prompt is the model's ``E:<reference>\nW:\n`` and its output ``Q:<expression>``;
-valid = the expression parses. It writes no concept list, so the concept variant reads three structural tags off
-the expression (:func:`coevolve.rewards.novelty.expression_concepts`). ``small`` uses the paper's min-distance
-diversity with pool embeddings cached (each problem embedded once: under 1 s per step for 64 new problems, plus
-loading the encoder once; a resumed run re-embeds its pool). A step samples 64 problems and 512 solutions and trains
-on 64 sequences.
+Tasks, paper vs released code, step structure, presets and ablations: ``docs/recipes/opensir.md``.
 """
 
 from __future__ import annotations

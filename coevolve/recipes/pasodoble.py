@@ -1,70 +1,30 @@
 r"""PasoDoble: a knowledge-grounded Proposer writes questions with its own answers; a Solver learns to agree.
 
-Paper: ``shared/seeds/pasodoble.txt`` (Algorithms 1 and 2); spec: ``shared/spec/pasodoble.md``. Two models from the
-same start, each with its own AdamW.
+Paper: Better LLM Reasoning via Dual-Play (Zhang et al., arXiv:2511.11881; Algorithms 1 and 2, App. F-G); released
+code: ``HCY123902/PasoDoble``. Two models from the same start, each with its own AdamW.
 
-PROPOSE_AND_SCORE (spec §3.1), for each of ``passages_per_step`` passages k ~ Uniform(𝒦):
+PROPOSE_AND_SCORE (§3.3-3.4), for each of ``passages_per_step`` passages k ~ Uniform(𝒦):
     1. the Proposer writes I completions for k, each one question q_i with its answer a_i* (one GRPO group);
     2. the Solver answers each question J times; r^s_ij = 1[a_ij ≡ a_i*];
-    3. pass rate p_i = mean_j r^s_ij, set to 0 by the leak check (code only, §4.6);
-    4. r^div_i = share of the history H not Jaccard-similar to q_i (§4.4); H takes the new questions;
-    5. r^p_i = (1.1 - p_i) + w r^div_i if p_i > tau_low and r^div_i >= tau_div, else 0 (§4.5);
-    6. retained_i = tau_low < p_i < 1 (§4.7).
+    3. pass rate p_i = mean_j r^s_ij, set to 0 by the leak check (released code only);
+    4. r^div_i = share of the history H not Jaccard-similar to q_i (§3.3); H takes the new questions;
+    5. r^p_i = (1.1 - p_i) + w r^div_i if p_i > tau_low and r^div_i >= tau_div, else 0 (§3.3);
+    6. retained_i = tau_low < p_i < 1 (§3.4).
 Online (Algorithm 1): one PROPOSE_AND_SCORE per step; skip the step when no question is retained or every Proposer
 advantage is 0; else GRPO-update the Proposer on all I proposals per passage, then the Solver on the J solutions of
 each retained question.
 Offline (Algorithm 2): T_P Proposer steps (Solver frozen) push their retained questions into the question buffer 𝓑;
 then T_S Solver steps (Proposer frozen) replay the next ``replay_batch`` buffered questions circularly, re-solve them,
 keep those whose current p is in (tau_low, 1) and update the Solver. Only updates count towards T_P and T_S (code);
-``max_skips`` consecutive skipped Solver steps end a Solver phase early (the spec's guard against an endless loop);
+``max_skips`` consecutive skipped Solver steps end a Solver phase early (our guard against an endless loop);
 optional eviction (App. D) drops a question at p = 1 or after ``eviction_patience`` replays without a new peak.
 
 Each loop step is one iteration, skipped ones included, so ``steps`` caps the iterations; the paper counts successful
-updates (spec §13 item 8): ``max_updates`` (600 in ``paper``) is the number of updates after which the remaining
+updates (600 online, App. B): ``max_updates`` (600 in ``paper``) is the number of updates after which the remaining
 steps do nothing (online: joint updates; offline: Proposer and Solver updates). ``skipped`` marks skipped
 iterations, ``updates`` counts the updates so far, and ``<role>/optimizer_steps`` gives each role's AdamW steps.
 
-Documents and tasks. ``math`` (chat models): passages from ``knowledge_source`` (default the OpenStax books), the
-code's Proposer format ``<problem>..</problem> <answer>..\boxed{a*}</answer>`` (§5.1; the question is read after the
-last ``</think>`` when there is one: the models here are not cold-started to think, spec §6.1), the Solver gets the
-question only with the boxed instruction (§5.2). ``arith`` (tiny-arith): passages are fact sheets; the Proposer's
-prompt is ``D:<sheet>\nW:\n`` and it writes ``Q:<expr>\nS:<trace>\nA:<a*>``. Its question names the sheet's
-variables, so the sheet is part of the question the Solver reads (``D:<sheet>\nQ:<expr>=?``). Without 𝒦 the
-tiny-arith writer writes no answer (it was only taught to answer grounded questions), so that ablation is only
-informative on chat models. Nothing here ever sees the arithmetic checker except the ``oracle`` field of the sample
-records (for analytics: ``label_correct`` says whether a Proposer answer a Solver trained on was right).
-
-Paper vs released code (spec §13), ``paper`` / ``reference_code`` (the defaults follow the paper):
-
-=====  ==========================  =================================  =========================================
-item   what                        paper                              released code
-=====  ==========================  =================================  =========================================
-1      tau_sim                     0.3                                0.8
-3      diversity gate              r_div >= tau_div (``ge``)          r_div > tau_div (``gt``)
-4      history update              each q_i appended after it is      all I scored against one snapshot, then
-                                   scored, an empty one too           appended, only when some p > tau_low
-                                   (``sequential``)
-13     leak check                  none (``off``)                     raw substring test (``raw``)
-18     loss                        GRPO (``seq_mean``)                Dr.GRPO normaliser 1/(N L_max)
-=====  ==========================  =================================  =========================================
-
-Step structure (spec §3.5, §13 item 19): the paper takes one GRPO step per batch; so does the code for the Proposer
-(``num_iterations = 1``), but its Solver steps the optimizer every 2 sequences per trainer GPU ("segment_size=2", a
-memory workaround), with one trainer GPU per role in its sub-1B setup (our reading of §11). ``paper``: both roles one
-whole-batch AdamW step, 1 epoch; ``reference_code``: the Proposer the same, the Solver mini-batches of 2 sequences,
-1 epoch (``<role>_mini_batch_size`` / ``<role>_epochs``; unset, as in ``small``, they are the run's ``train.*``).
-
-The default recipe config keeps the paper's values but turns the leak check on in its word-boundary form (``word``;
-spec §4.6 recommends keeping it on), as the issue asks for the check. Both roles use GRPO advantages with the
-code's eps 1e-4 and the unbiased std (§3.5); ``scale_std: false`` gives mean-centred advantages. Not reproduced:
-the cold-start SFT (§3.0; tiny-arith was pretrained to write grounded questions with answers, which plays its part),
-and the ``<think>\n`` generation prefix. ``small`` gives the Proposer 96 tokens: a level-3 question with its worked
-trace and answer can run past 64.
-
-Ablations (paper §5): ``knowledge: false`` (w/o 𝒦), ``frozen_generator: true`` (w/ π_p frozen: the Proposer is
-never updated, everything else unchanged, §13 item 26), ``solver_reward: random_full | random_partial`` (no Proposer
-answers: Bernoulli(0.5), partial = 0 without an answer; p comes from the random rewards, §13 item 25),
-``w_div: 0, tau_div: 0`` (no diversity reward, both term and gate, §9.3), ``tau_low`` (§9.4).
+Tasks, paper vs released code, step structure, presets and ablations: ``docs/recipes/pasodoble.md``.
 """
 
 from __future__ import annotations
@@ -96,8 +56,8 @@ from coevolve.rollout import Completion
 from coevolve.tasks import arith
 from coevolve.tasks.registry import get_task
 
-# Proposer prompt (paper Fig. 11, with the code's output format, spec §5.1); the system text is folded into the user
-# turn, since the chat template takes one user message here.
+# Proposer prompt (paper Fig. 11, App. I, with the released code's output format); the system text is folded into
+# the user turn, since the chat template takes one user message here.
 PROPOSER_PROMPT = (
     "You are the proposer in a proposer-solver game. Create a challenging, well-structured, diverse and unambiguous "
     "math problem with a verifiable answer, using the provided external knowledge and your own knowledge as context."
@@ -126,7 +86,7 @@ _PAPER_SCALE = {
 
 
 class PasoDobleParams(GeneratorParams):
-    """Algorithm 1/2's inputs, the code's options (spec §12.2) and the ablation switches."""
+    """Algorithm 1/2's inputs, the released code's options and the ablation switches."""
 
     mode: Literal["online", "offline"] = Field("online", description="Algorithm 1 (joint) or 2 (alternating)")
     passages_per_step: int = Field(1, gt=0, description="B_k passages per Proposer step (code: 1)")
@@ -188,7 +148,7 @@ class Proposal:
 
     @property
     def p(self) -> float:
-        """The leak-checked pass rate, used for rewards, retention and the buffer (spec §13 item 14)."""
+        """The leak-checked pass rate, used for rewards, retention and the buffer (the paper does not say which p)."""
         return 0.0 if self.leak else self.p_raw
 
 
@@ -207,7 +167,7 @@ class Buffered:
 @parses_model_text(invalid=(None, None))
 def parse_proposal(text: str) -> tuple[str | None, str | None]:
     """(q, a*) of a chat Proposer completion after its last ``</think>``: the first ``<problem>`` block and the last
-    ``\\boxed{}`` (spec §6.1-6.2); None where missing."""
+    ``\\boxed{}`` (as the released code reads them); None where missing."""
     after = text[text.rfind(_THINK_END) + len(_THINK_END):] if _THINK_END in text else text
     block = next(tag_blocks(after, "problem"), None)
     question = after[block[1]:block[2]].strip() if block else ""
@@ -373,7 +333,7 @@ class PasoDoble(Recipe):
 
     # --- the pieces -------------------------------------------------------------------------------------------
     def propose_and_score(self, step: int, timer: PhaseTimer) -> list[Proposal]:
-        """PROPOSE_AND_SCORE (spec §3.1) for ``passages_per_step`` passages."""
+        """PROPOSE_AND_SCORE (§3.3-3.4) for ``passages_per_step`` passages."""
         p, seed = self.params, self.config.seed
         passages = (self.knowledge.sample(step_seed(seed, step, "passages"), p.passages_per_step)
                     if self.knowledge else [None] * p.passages_per_step)
@@ -408,7 +368,7 @@ class PasoDoble(Recipe):
         return self.proposer.format_prompt(self.generator_message(PROPOSER_PROMPT.format(knowledge=knowledge)))
 
     def read_proposal(self, text: str, passage: str | None) -> tuple[str | None, str | None]:
-        """(q, a*) from a Proposer completion (spec §6.1-6.2); None where missing."""
+        """(q, a*) from a Proposer completion (as the released code reads it); None where missing."""
         if self.arith:
             parsed = arith.parse_question(text, self.style, passage)
             return (parsed.question, parsed.answer) if parsed else (None, None)
@@ -435,7 +395,7 @@ class PasoDoble(Recipe):
                 else dr_grpo_advantages(x.solver_rewards, [0] * len(group)))]
 
     def solver_reward(self, answer: str | None, key: str | None, rng: random.Random) -> float:
-        """r^s = 1[a ≡ a*] (§4.2); the no-answers ablations draw Bernoulli(0.5) (partial: 0 without an answer)."""
+        """r^s = 1[a ≡ a*] (§3.4); the no-answers ablations draw Bernoulli(0.5) (partial: 0 without an answer)."""
         mode = self.params.solver_reward
         if mode == "random_full" or (mode == "random_partial" and answer is not None):
             return float(rng.random() < 0.5)
@@ -444,7 +404,7 @@ class PasoDoble(Recipe):
         return float(self.task.is_correct(answer, key))
 
     def diversity(self, proposals: list[Proposal]) -> None:
-        """r^div against H (§4.4) and the history update, in the paper's or the code's order (§13 item 4)."""
+        """r^div against H (§3.3) and the history update, in Algorithm 1's order or the released code's."""
         p = self.params
         tokens = [self.question_tokens(x.question) for x in proposals]
         if p.history_update == "sequential":  # every proposal, one without a question as the empty token set
@@ -466,7 +426,7 @@ class PasoDoble(Recipe):
         return frozenset(a * 1_000_003 + b for a, b in zip(ids, ids[1:]))
 
     def retained(self, p: float) -> bool:
-        """ret = 1[tau_low < p < 1] (§4.7)."""
+        """ret = 1[tau_low < p < 1] (§3.4)."""
         return self.params.tau_low < p < 1.0
 
     def update_proposer(self, proposals: list[Proposal]) -> dict[str, float]:
@@ -522,7 +482,7 @@ class PasoDoble(Recipe):
             "questions/leak_rate": mean([float(x.leak) for x in posed]),
             "questions/pass_rate_mean": mean([x.p for x in posed]),
             "questions/gated_by_diversity": mean([float(x.p > p.tau_low and x.reward == 0.0) for x in posed]),
-            "questions/sampling_efficiency": len(retained) / len(proposals),  # spec §13 item 24
+            "questions/sampling_efficiency": len(retained) / len(proposals),  # undefined in the paper
             "questions/retained": float(len(retained)),
             "questions/retained_label_correct": mean([float(c) for c in audited]),
             "history/size": float(len(self.history)),

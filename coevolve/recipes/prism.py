@@ -1,7 +1,7 @@
 r"""Prism: R-Zero's schedule with a cluster-coverage questioner reward and a Solver-initialised Questioner.
 
-Paper: "Preventing Curriculum Collapse in Self-Evolving Reasoning Systems" (``shared/seeds/prism.txt``, Algorithm 1);
-spec: ``shared/spec/prism.md``. Offline, once per reference corpus: embed its questions, K-Means with K clusters, save
+Paper: "Preventing Curriculum Collapse in Self-Evolving Reasoning Systems" (Mishra, arXiv:2603.13309, §4,
+Algorithm 1). Offline, once per reference corpus: embed its questions, K-Means with K clusters, save
 the L2-normalised centroids mu_k (reused by every later run). Then n_k <- alpha and, for each iteration t:
 
     4.     Q_t <- S_{t-1}, with a fresh optimizer (``questioner_init: previous_questioner`` is the ablation)
@@ -18,48 +18,10 @@ the L2-normalised centroids mu_k (reused by every later run). Then n_k <- alpha 
     21.    S_t from S_{t-1} by GRPO on the pool with majority-vote rewards (R-Zero's solver phase, unchanged)
 
 Everything but lines 4 and 11-17 is :mod:`coevolve.recipes.r_zero`. The pool's questions are assigned too (logged as
-``cluster`` in the ``pool`` sample rows: N_pool raw generations per iteration, the sample the spec's coverage
-statistics use, §4.9); they do not touch n.
+``cluster`` in the ``pool`` sample rows: N_pool raw generations per iteration, the sample the coverage
+statistics of §6.2 use); they do not touch n.
 
-Where the paper and its spec settle a gap differently, or the paper disagrees with itself:
-- Which questions are assigned and counted: Algorithm 1 line 11 says p in [0.5, 0.9], §4.2 step 1 and the code say
-  p >= 0.5 (questions solved every time still raise their cluster's count). Default ``count_scope: solvable``
-  (p >= 0.5); ``in_band`` and ``all_valid`` are options (spec §13 #3).
-- The band of the pool is the ZPD band (Algorithm 1 line 20); both are ``band``.
-- The -1 for a bad format and m_s = 10 come from the code; the paper is silent (spec §13 #6, #7).
-
-Presets. ``paper``: Appendix A on the one offline chat model (GPU-scale), K = 128, lambda = 5, gamma = 0.99,
-alpha = 1, the cluster space built from the MATH test problems that are not in MATH-500 (the paper's "MATH training
-split" is not available offline; spec §13 #1), mean-only advantages (eq. 2). ``reference_code``: the released code's
-differences as for ``r_zero``'s ``prism_code`` (lr 1e-6, 50 solver steps, clip 0.2/0.3, weight decay 0.01,
-std-normalised advantages, pool p over answered samples, solver format term 0.1, no "prove" rule) with the corpus GSM8K
-train (its second corpus; MATH train is not offline). Not reproduced: the code's un-normalised centroids at training
-time and its warm start from the previous pool's integer histogram (spec §13 #2, #11: the spec recommends the paper's
-forms), its cluster-balanced pool option, and the KL reference (M_0 here, see ``r_zero``). The encoder is
-all-MiniLM-L6-v2, not Qwen3-Embedding-0.6B.
-
-Step structure (optimizer steps per loop step). The paper gives none, so both presets take its scripts' (verl):
-
-==============  ==================================================================  ====================
-role            one step of Prism's scripts                                          here (sequences)
-==============  ==================================================================  ====================
-questioner      512 prompts x 4 outputs, mini-batches of 16 prompts, 2 PPO epochs:   mini-batch 64,
-                64 AdamW steps                                                      2 epochs
-solver          512 pool questions x 8 rollouts, mini-batches of 128 questions,      mini-batch 1024,
-                2 PPO epochs: 8 AdamW steps                                         2 epochs
-==============  ==================================================================  ====================
-
-Advantage scale. Prism's reward reaches 1 + lambda = 6 where R-Zero's stays at or below 1; under mean-only
-advantages (``paper``) lambda so scales the questioner's step as well as its bonus, under std-normalised ones
-(``small``, ``reference_code``) it does not. ``questioner/advantage_abs_mean`` logs the scale a step trained with.
-
-``small`` (tiny-arith): 2 000 generated arithmetic questions, K = 32 (spec §12.4); gamma = 0.95 so that
-(1 - gamma) |A| / (K alpha), the share of the prior one step adds, is about 0.05-0.1 at 64 questions per step (with
-the paper's 0.99 the bonus stays flat at this batch size, spec §4.5, §10).
-
-Ablations (paper §6.3, spec §9): ``lam`` (0: no rarity bonus), ``gamma``, ``k``, ``zpd_gate: false`` (the gate
-becomes the band's indicator: rarity still needs 0.5 <= p <= 0.9), ``questioner_init: previous_questioner``; the
-diversity-free cell of the 2 x 2 table is ``r_zero`` with ``params.questioner_init=solver``.
+Tasks, paper vs released code, step structure, presets and ablations: ``docs/recipes/prism.md``.
 """
 
 from __future__ import annotations

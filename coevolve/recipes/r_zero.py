@@ -1,7 +1,7 @@
 r"""R-Zero: a Questioner (R-Zero's "Challenger") and a Solver co-evolve in alternating GRPO phases from one base model.
 
-Paper: R-Zero (Huang et al. 2025), as Prism re-implements it (``shared/spec/prism.md`` §3, §4.8; paper
-``shared/seeds/prism.txt`` §5). Q_0 = S_0 = M_0; for each iteration t:
+Paper: R-Zero (Huang et al. 2025, arXiv:2508.05004), as Prism re-implements it (Preventing Curriculum Collapse in
+Self-Evolving Reasoning Systems, arXiv:2603.13309, §3 and §5.2). Q_0 = S_0 = M_0; for each iteration t:
 
 Questioner phase (``questioner_steps`` = 6 GRPO steps), the Solver frozen at S_{t-1}:
     1. Q_t <- Q_{t-1} (``questioner_init: solver`` is the SolverInit ablation, Q_t <- S_{t-1});
@@ -23,48 +23,7 @@ iteration's state are in ``state_dict``, so a run resumes at any step. Each step
 for the idle role) and ``<role>/advantage_abs_mean``, and warns once when every questioner group has zero reward
 variance or the solver's pool is empty.
 
-Presets (spec §4.2, §4.8, §13): ``paper`` is R-Zero as Prism's paper runs it (App. A), with what the paper leaves
-open taken from Prism's scripts, which produced its R-Zero numbers; ``reference_code`` is R-Zero's own repository
-(EasyR1 scripts and reward code); ``prism_code`` is the R-Zero baseline of Prism's scripts (verl). A "step" of these
-codes is one rollout batch split into PPO mini-batches and epochs; our trainer's ``mini_batch_size`` counts sequences
-(prompts x samples), so the tables give both.
-
-===========================  ===========================  ===========================  ===========================
-item                         ``paper``                    ``reference_code``           ``prism_code``
-===========================  ===========================  ===========================  ===========================
-iterations x (S_Q + S_S)     4 x (6 + 20)                 5 x (5 + 15) (a)             4 x (6 + 50)
-questioner step              512 x 4 outputs; mini-       512 x 4; mini-batches of     as ``paper``
-                             batches of 16 prompts (64    16 prompts (64 seq.),
-                             seq.), 2 epochs: 64 AdamW    1 epoch: 32 AdamW steps
-                             steps
-solver step                  512 questions x 8; mini-     512 questions x 5; mini-     as ``paper``
-                             batches of 128 questions     batches of 128 questions
-                             (1024 seq.), 2 epochs: 8     (640 seq.), 1 epoch: 4
-                             AdamW steps                  AdamW steps
-questioner reward            max(0, r_unc - r_rep),       min(p, 1-p) - r_rep,         as ``reference_code``
-                             bad format 0                 bad format -1 - r_rep
-pool labels m_l; p over      8; all samples               9; all samples (b)           8; answered (§13 #14)
-pool band                    [0.25, 0.75] (spec recalls)  [0.3, 0.8]                   [0.3, 0.8]
-"prove" / "show that" drop   yes (spec §13 #15)           no ("证明" only)              no ("证明" only)
-advantage                    r - mean (``dr_grpo``)       (r - mean)/(std + 1e-6)      (r - mean)/(std + 1e-6)
-solver reward                agreement                    0.9 agreement + 0.1 format   0.9 agreement + 0.1 format
-lr; KL; weight decay; clip   5e-6; 1e-4; 0; 0.2/0.2       1e-6; 1e-2; 0.01; 0.2/0.3    1e-6; 1e-4; 0.01; 0.2/0.3
-===========================  ===========================  ===========================  ===========================
-
-(a) R-Zero's scripts train 6 questioner and 20 solver steps and keep the step-5 and step-15 checkpoints; at their
-constant lr those are the weights after 5 and 15 steps, so that is what runs here. (b) The unboxed samples count in the
-denominator, as in R-Zero's labelling script (there an unboxed sample is the answer "None", which can win the vote and
-is then dropped; here it never forms the majority). Its box / text checks ignore case (here for every preset).
-``small`` takes one full-batch AdamW step per step for both roles (``*_mini_batch_size`` / ``*_epochs`` unset: the
-run's ``train.mini_batch_size`` / ``train.epochs``).
-
-Not reproduced: the KL reference is the base model M_0 for both roles throughout (the trainer's frozen copy; verl
-resets it to each phase's initial weights, which a resumed run could not rebuild from its checkpoints); the codes'
-separate top_p for the pool (0.95) and training rollouts (0.99), and Prism's cosine lr warm-up.
-The chat prompts fold R-Zero's system text into the user turn; the solver prompt is the harness's
-(``coevolve.tasks.math``). tiny-arith (``small``): the questioner prompt is ``W:`` and its output ``Q:<expression>``
-(valid = it parses; the compact writer states no answer), BLEU runs on characters, and the schedule is the paper's
-(T = 4 iterations of 6 + 20 steps) at 16 x 4 questions per questioner step and 16 x 8 rollouts per solver step.
+Tasks, paper vs released code, step structure, presets and ablations: ``docs/recipes/r_zero.md``.
 """
 
 from __future__ import annotations
@@ -110,7 +69,7 @@ from coevolve.tasks.registry import get_task
 
 log = logging.getLogger(__name__)
 
-# R-Zero's questioner prompt (spec §5; system text folded into the user turn).
+# R-Zero's questioner prompt (its released code; system text folded into the user turn).
 QUESTIONER_PROMPT = (
     "You are an expert competition-math problem setter.\n"
     "FIRST, in your private scratch-pad, think step-by-step to design a brand-new, non-trivial problem. The problem "
@@ -135,7 +94,7 @@ _PAPER_SCALE = {
     "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 1024,
 }
-# Prism's scripts (verl; spec §7 and issue 11): per questioner step 512 prompts x 4 outputs in mini-batches of 16
+# Prism's scripts (verl; issue 11): per questioner step 512 prompts x 4 outputs in mini-batches of 16
 # prompts, per solver step 512 questions x 8 rollouts in mini-batches of 128 questions, 2 PPO epochs each.
 _PRISM_STEPS = {"questioner_mini_batch_size": 16 * 4, "questioner_epochs": 2,
                 "solver_mini_batch_size": 128 * 8, "solver_epochs": 2}
@@ -188,7 +147,7 @@ class RZeroParams(GeneratorParams):
     repetition_weight: float = Field(1.0, ge=0, description="lambda_rep (0: no repetition penalty)")
     bleu_tokens: BleuTokens | None = Field(None, description="BLEU tokens: none (words) or char; default char "
                                                              "for the arithmetic task, words otherwise")
-    filter_prove: bool = Field(True, description="the pool also drops 'prove' / 'show that' questions (spec §13 #15)")
+    filter_prove: bool = Field(True, description="the pool also drops 'prove' / 'show that' questions (R-Zero's paper)")
     advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="(r-mean)/(std+eps) or r-mean")
     question_max_tokens: int = Field(48, gt=0, description="budget of a questioner output")
     questioner_mini_batch_size: int | None = Field(
@@ -241,7 +200,7 @@ class PoolItem:
 @parses_model_text(invalid=(None, None))
 def parse_questioner_output(text: str) -> tuple[str | None, str | None]:
     """(q, the questioner's answer) from the last ``<question>`` block and the last ``\\boxed{}``; q is None unless both
-    are there (spec §6.6)."""
+    are there (as R-Zero's code reads them)."""
     blocks = list(tag_blocks(text, "question"))
     question = text[blocks[-1][1]:blocks[-1][2]].strip() if blocks else None
     answer = extract_boxed(text)
@@ -445,7 +404,7 @@ class RZero(Recipe):
     # --- shared pieces ----------------------------------------------------------------------------
     def read_question(self, output: Completion) -> Question:
         """q and the questioner's own answer: the arithmetic world's writer format, else the last <question> block
-        and the last \\boxed{} (both needed: spec §6.6)."""
+        and the last \\boxed{} (both needed, as in R-Zero's code)."""
         if self.arith:
             parsed = arith.parse_question(output.text, self.style)
             return Question(output, parsed.question if parsed else None, parsed.answer if parsed else None)
