@@ -110,7 +110,7 @@ def run(
                   "command line", 2)
         cfg.trust_remote_code = trust_remote_code
         world = processes if processes > 1 else int(os.environ.get("WORLD_SIZE", "1"))
-        check_runtime(cfg, world)
+        check_runtime(cfg, world, fsdp_unsupported=cls.fsdp_unsupported)
         if cfg.rollout.engine == "vllm":
             require_vllm()
         for name in cls.data_sets(cfg, params):

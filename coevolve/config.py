@@ -266,8 +266,9 @@ def validate(raw: Mapping[str, Any], params_model: type[BaseModel]) -> tuple[Run
     return config, params
 
 
-def check_runtime(config: RunConfig, processes: int = 1) -> None:
-    """Settings this machine or launch cannot honour; ``ConfigError`` names the key (checked before anything runs)."""
+def check_runtime(config: RunConfig, processes: int = 1, fsdp_unsupported: str | None = None) -> None:
+    """Settings this machine or launch cannot honour; ``ConfigError`` names the key (checked before anything runs).
+    ``fsdp_unsupported``: why the run's recipe cannot shard (its ``fsdp_unsupported``), None where it can."""
     import torch
 
     from coevolve.distributed import device_for
@@ -288,7 +289,7 @@ def check_runtime(config: RunConfig, processes: int = 1) -> None:
                         (config.train.offload_idle_role, "train.offload_idle_role"),
                         (config.train.compile, "train.compile"),
                         (config.rollout.engine == "vllm", "rollout.engine=vllm"),
-                        (config.recipe == "infuser", "infuser's per-question influence gradients")):
+                        (fsdp_unsupported is not None, fsdp_unsupported)):
             if on:
                 raise ConfigError(f"config key 'train.fsdp': not supported together with {why}")
 

@@ -25,7 +25,7 @@ from coevolve.formats import GeneratorFormat, examples_block, load_worked_exampl
 from coevolve.models import Policy, load_policy
 from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency, ResidentEngine
-from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
+from coevolve.rl.trainer import PolicyTrainer, RoleUpdate, TrainSample, update_settings
 from coevolve.rollout import Completion, RolloutEngine, SamplingParams, make_engine, weights_version
 
 RECIPES: dict[str, type["Recipe"]] = {}
@@ -36,6 +36,10 @@ class RecipeParams(BaseModel):
     """Base of each recipe's ``params`` section (unknown keys and non-finite numbers are errors)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    def role_updates(self) -> dict[str, RoleUpdate]:
+        """Each role's own update settings by role name; a role not named trains with the run's ``train``."""
+        return {}
 
 
 ArithLevels = Annotated[list[Literal[1, 2, 3, 4, 5, 6]], Field(min_length=1)]  # levels of the arith world
@@ -86,6 +90,7 @@ class Recipe:
     defaults: ClassVar[dict[str, Any]] = {}
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     formats: ClassVar[dict[str, GeneratorFormat]] = {}  # the generator's output format per world ("chat")
+    fsdp_unsupported: ClassVar[str | None] = None  # why ``train.fsdp`` cannot shard this recipe, if it cannot
 
     def __init__(self, config: RunConfig, params: RecipeParams):
         self.config = config
@@ -130,8 +135,8 @@ class Recipe:
         return load_policy(name or self.config.model, trust_remote_code=self.config.trust_remote_code,
                            device=str(distributed.device_for(self.config.device)))
 
-    def make_trainer(self, policy: Policy, **overrides: Any) -> PolicyTrainer:
-        """A trainer for ``policy`` with the run's ``train`` settings (keyword overrides per role)."""
+    def make_trainer(self, policy: Policy, role: str | None = None) -> PolicyTrainer:
+        """A trainer for ``policy`` with the run's ``train`` settings and ``role``'s own (``params.role_updates``)."""
         train = self.config.train
         on_cuda = distributed.device_for(self.config.device).type == "cuda"
         bf16 = self._bf16(train.dtype)
@@ -139,20 +144,12 @@ class Recipe:
         # explicit settings; ``auto`` is known here).
         tis_cap = train.tis_cap if train.tis_cap is not None or not self._bf16(self.config.rollout.dtype) \
             else DEFAULT_TIS_CAP
-        settings = UpdateSettings(
-            lr=train.lr, weight_decay=train.weight_decay, grad_clip=train.grad_clip,
-            mini_batch_size=train.mini_batch_size, micro_batch_size=train.micro_batch_size,
-            micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda), epochs=train.epochs,
-            clip_low=train.clip_low, clip_high=train.clip_high, tis_cap=tis_cap, kl_beta=train.kl_beta,
-            loss_agg=train.loss_agg, norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
-            temperature=self.config.rollout.temperature,
-            lora=train.lora.model_dump() if train.lora else None, dtype="bf16" if bf16 else "fp32",
-            gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing,
-            compile=train.compile,
-            fsdp=train.fsdp,
-        )
-        for key, value in overrides.items():
-            setattr(settings, key, value)
+        settings = update_settings(
+            train, micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda), tis_cap=tis_cap,
+            norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
+            temperature=self.config.rollout.temperature, dtype="bf16" if bf16 else "fp32",
+            gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing)
+        settings = self.params.role_updates().get(role, RoleUpdate()).apply(settings)
         try:
             trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
         except ValueError as exc:  # peft: a target module the model does not have
@@ -176,13 +173,6 @@ class Recipe:
         """Whether a ``train.dtype`` / ``rollout.dtype`` setting means bf16 on this run's device."""
         on_cuda = distributed.device_for(self.config.device).type == "cuda"
         return setting == "bf16" or (setting == "auto" and on_cuda and torch.cuda.is_bf16_supported())
-
-    def role_trainer(self, policy: Policy, role: str) -> PolicyTrainer:
-        """A trainer with the run's ``train`` settings and the role's own ``params.<role>_mini_batch_size`` and
-        ``params.<role>_epochs`` where the recipe has them and they are set."""
-        update = {"mini_batch_size": getattr(self.params, f"{role}_mini_batch_size", None),
-                  "epochs": getattr(self.params, f"{role}_epochs", None)}
-        return self.make_trainer(policy, **{k: v for k, v in update.items() if v is not None})
 
     def engine(self, policy: Policy) -> RolloutEngine:
         """The sampler of ``policy`` (``rollout.engine``), one per policy for the whole run.

@@ -52,7 +52,7 @@ from coevolve.recipes.base import (
 )
 from coevolve.rl.advantages import compute_advantages, dr_grpo_advantages, nonzero_variance_mask
 from coevolve.rl.influence import DevGradient, dev_gradient, influence_scores, one_step_dev_gains
-from coevolve.rl.trainer import TrainSample
+from coevolve.rl.trainer import RoleUpdate, TrainSample
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
 from coevolve.tasks.registry import Problem, get_task
@@ -143,6 +143,11 @@ class InfuserParams(GeneratorParams):
     influence: Literal["preconditioned_cosine", "sgd_cosine"] = "preconditioned_cosine"
     generator_advantage: Literal["dugrpo", "grpo", "batch_norm"] = "dugrpo"
 
+    def role_updates(self) -> dict[str, RoleUpdate]:
+        sequences = self.minibatch_prompts * self.group_size  # M prompts x n per AdamW step
+        return {"solver": RoleUpdate(mini_batch_size=sequences),
+                "generator": RoleUpdate(mini_batch_size=sequences, lr=self.generator_lr)}
+
 
 @dataclass
 class Generated:
@@ -179,6 +184,7 @@ class Infuser(Recipe):
     summary = ("document-grounded generator writes questions with its own answers, rewarded by the cosine between "
                "the AdamW-preconditioned solver update they cause and a dev-set gradient; DuGRPO / Dr.GRPO")
     Params = InfuserParams
+    fsdp_unsupported = "infuser's per-question influence gradients"
     formats = {"chat": GeneratorFormat(  # the warm-up's document is the example's worked solution
         '{"question_text": "{the question}", "ground_truth": "{final answer}"}',
         r'\{"question_text": "[^"\\\n]{10,300}", "ground_truth": "[^"\\\n{}]{1,40}"\}',
@@ -208,9 +214,8 @@ class Infuser(Recipe):
         self.task = get_task(config.task, data_dir=config.data_dir)
         self.solver_policy = self.load_policy()
         self.generator = self.generator_policy(self.solver_policy)
-        n, m = params.group_size, params.minibatch_prompts
-        self.solver_trainer = self.make_trainer(self.solver_policy, mini_batch_size=m * n)
-        self.generator_trainer = self.make_trainer(self.generator, mini_batch_size=m * n, lr=params.generator_lr)
+        self.solver_trainer = self.make_trainer(self.solver_policy, "solver")
+        self.generator_trainer = self.make_trainer(self.generator, "generator")
         self.style = self.solver_policy.prompt_style
         self.arith = self.task.name == "arith"
         source = params.document_source or ("arith" if self.arith else "openstax")

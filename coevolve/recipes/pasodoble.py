@@ -52,6 +52,7 @@ from coevolve.recipes.base import (
 )
 from coevolve.rewards.pasodoble import DiversityGate, JaccardHistory, LeakMode, leaks_answer, proposer_reward
 from coevolve.rl.advantages import dr_grpo_advantages, grpo_advantages
+from coevolve.rl.trainer import RoleUpdate
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
 from coevolve.tasks.registry import get_task
@@ -125,6 +126,10 @@ class PasoDobleParams(GeneratorParams):
     solver_mini_batch_size: int | None = Field(
         None, ge=0, description="sequences per Solver AdamW step (0: the whole batch; unset: train.*)")
     solver_epochs: int | None = Field(None, gt=0, description="passes over a Solver batch (unset: train.*)")
+
+    def role_updates(self) -> dict[str, RoleUpdate]:
+        return {"proposer": RoleUpdate(self.proposer_mini_batch_size, self.proposer_epochs),
+                "solver": RoleUpdate(self.solver_mini_batch_size, self.solver_epochs)}
 
 
 @dataclass
@@ -218,8 +223,8 @@ class PasoDoble(Recipe):
         self.task = get_task(config.task, data_dir=config.data_dir)
         self.solver_policy = self.load_policy()
         self.proposer = self.generator_policy(self.solver_policy)
-        self.solver_trainer = self.role_trainer(self.solver_policy, "solver")
-        self.proposer_trainer = self.role_trainer(self.proposer, "proposer")
+        self.solver_trainer = self.make_trainer(self.solver_policy, "solver")
+        self.proposer_trainer = self.make_trainer(self.proposer, "proposer")
         self.style = self.solver_policy.prompt_style
         self.arith = self.task.name == "arith"
         self.knowledge: DocumentPool | None = None

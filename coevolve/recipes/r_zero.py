@@ -62,7 +62,7 @@ from coevolve.rewards.uncertainty import (
     uncertainty_reward,
 )
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
-from coevolve.rl.trainer import PolicyTrainer
+from coevolve.rl.trainer import PolicyTrainer, RoleUpdate
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
 from coevolve.tasks.registry import get_task
@@ -147,7 +147,8 @@ class RZeroParams(GeneratorParams):
     repetition_weight: float = Field(1.0, ge=0, description="lambda_rep (0: no repetition penalty)")
     bleu_tokens: BleuTokens | None = Field(None, description="BLEU tokens: none (words) or char; default char "
                                                              "for the arithmetic task, words otherwise")
-    filter_prove: bool = Field(True, description="the pool also drops 'prove' / 'show that' questions (R-Zero's paper)")
+    filter_prove: bool = Field(True, description="the pool also drops 'prove' / 'show that' questions "
+                                                "(R-Zero's paper)")
     advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="(r-mean)/(std+eps) or r-mean")
     question_max_tokens: int = Field(48, gt=0, description="budget of a questioner output")
     questioner_mini_batch_size: int | None = Field(
@@ -164,6 +165,10 @@ class RZeroParams(GeneratorParams):
         if self.questioner_steps + self.solver_steps == 0:
             raise ValueError("an iteration needs at least one step")
         return self
+
+    def role_updates(self) -> dict[str, RoleUpdate]:
+        return {"questioner": RoleUpdate(self.questioner_mini_batch_size, self.questioner_epochs),
+                "solver": RoleUpdate(self.solver_mini_batch_size, self.solver_epochs)}
 
 
 @dataclass
@@ -238,8 +243,8 @@ class RZero(Recipe):
         self.task = get_task(config.task, data_dir=config.data_dir)
         solver = self.load_policy()  # S_0 = M_0
         questioner = self.generator_policy(solver)  # Q_0 (a copy of M_0, or a format warm-up's model)
-        self.solver_trainer = self.role_trainer(solver, "solver")
-        self.questioner_trainer = self.role_trainer(questioner, "questioner")
+        self.solver_trainer = self.make_trainer(solver, "solver")
+        self.questioner_trainer = self.make_trainer(questioner, "questioner")
         self.solver_policy, self.questioner = solver, questioner
         self.style = solver.prompt_style
         self.arith = self.task.name == "arith"

@@ -10,7 +10,7 @@ import copy
 import logging
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Sequence
 
 import torch
@@ -60,6 +60,25 @@ class UpdateSettings:
     gradient_checkpointing: bool = False
     compile: bool = False  # torch.compile each decoder layer (coevolve.rl.compiled_layers)
     fsdp: bool = False  # shard weights, gradients and AdamW state over the ranks (coevolve.distributed.shard_model)
+
+
+def update_settings(train, **resolved) -> UpdateSettings:
+    """The run config's ``train`` section (a ``TrainConfig``) as UpdateSettings; ``resolved``: the values only the run
+    knows (its device, model and sampling temperature)."""
+    names = {f.name for f in fields(UpdateSettings)}
+    return UpdateSettings(**{**{k: v for k, v in train.model_dump().items() if k in names}, **resolved})
+
+
+@dataclass(frozen=True)
+class RoleUpdate:
+    """One role's own update settings; None keeps the run's ``train`` value."""
+
+    mini_batch_size: int | None = None
+    epochs: int | None = None
+    lr: float | None = None
+
+    def apply(self, settings: UpdateSettings) -> UpdateSettings:
+        return replace(settings, **{k: v for k, v in asdict(self).items() if v is not None})
 
 
 # Packing a micro-batch into one row needs an N x N attention mask (N = its tokens); past this the mask's memory
