@@ -2,7 +2,7 @@
 
 A run launched on several processes (``coevolve run --processes N``, ``torchrun`` or ``accelerate launch``) keeps
 one global view without the recipes knowing: each rank samples its share of a call's prompts and all ranks
-gather the completions (``DataParallelEngine``), so votes, pools, coverage counts, diversity terms and every
+gather the completions (``coevolve.rollout.wrappers.DataParallelEngine``), so votes, pools, coverage counts, diversity terms and every
 group statistic are computed on the same global batch everywhere; the trainer splits each mini-batch across ranks
 and sums the gradients (``all_reduce_gradients``), so every rank takes the same optimizer step and the weights
 stay equal. Rank 0 alone writes the run directory. With one process every function here is a no-op.
@@ -25,8 +25,6 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
-
-from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, RolloutEngine, SamplingParams
 
 
 class DistributedSetupError(RuntimeError):
@@ -105,28 +103,6 @@ def shard_bounds(n: int, *, unit: int = 1) -> tuple[int, int]:
     first = r * per_rank + min(r, extra)
     last = first + per_rank + (1 if r < extra else 0)
     return min(first * unit, n), min(last * unit, n)
-
-
-class DataParallelEngine:
-    """Each rank samples its contiguous share of the prompts (whole engine batches); all ranks get every completion.
-
-    Prompt ``j`` of a call with seed ``s`` is sampled as if it were the first prompt of a call with seed
-    ``s + j * PROMPT_SEED_STRIDE``, so a rank sampling prompts ``[a, b)`` reproduces exactly what one process
-    sampling all of them would have (shares are whole batches of ``batch_size``, the unit of the HF engine's RNG).
-    """
-
-    def __init__(self, inner: RolloutEngine, batch_size: int):
-        self.inner = inner
-        self.batch_size = batch_size
-
-    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
-        start, end = shard_bounds(len(prompts), unit=self.batch_size)
-        local = (self.inner.generate(prompts[start:end], params, seed + start * PROMPT_SEED_STRIDE)
-                 if end > start else [])
-        return [c for part in all_gather_objects(local) for c in part]
-
-    def pop_metrics(self) -> dict[str, float]:
-        return self.inner.pop_metrics()
 
 
 # --- FSDP (train.fsdp) ---------------------------------------------------------------------------------------------
@@ -234,18 +210,3 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Opt
     groups = [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]]
     full = {"state": {names[int(i)]: slots for i, slots in state["state"].items()}, "param_groups": groups}
     set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
-
-
-class FullWeightsEngine:
-    """A sampler of a sharded policy: the whole weights are gathered on every rank for each ``generate``."""
-
-    def __init__(self, inner: RolloutEngine, model: torch.nn.Module):
-        self.inner = inner
-        self.model = model
-
-    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
-        with full_weights(self.model):
-            return self.inner.generate(prompts, params, seed)
-
-    def pop_metrics(self) -> dict[str, float]:
-        return self.inner.pop_metrics()

@@ -46,6 +46,11 @@ class Policy:
         )
 
     @property
+    def weights_source(self) -> str:
+        """Where an engine that loads its own copy of the weights (vLLM) finds the architecture and tokenizer."""
+        return hf_model_source(self.name)
+
+    @property
     def eos_token_ids(self) -> list[int]:
         """Token ids that end a completion (the tokenizer's EOS and the config's, deduplicated)."""
         ids = {self.tokenizer.eos_token_id}

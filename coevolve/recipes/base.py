@@ -24,7 +24,7 @@ from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, ConfigError
 from coevolve.formats import GeneratorFormat, examples_block, load_worked_examples, solver_answer_regex
 from coevolve.models import Policy, load_policy
 from coevolve.rl import logprob_head
-from coevolve.rl.residency import Residency, ResidentEngine
+from coevolve.rl.residency import Residency
 from coevolve.rl.trainer import PolicyTrainer, RoleUpdate, TrainSample, update_settings
 from coevolve.rollout import Completion, RolloutEngine, SamplingParams, make_engine, weights_version
 
@@ -184,15 +184,14 @@ class Recipe:
         if key not in self._engines:
             trainer = self._trainers.get(key)
             version = None if trainer is None else (lambda: (trainer.updates_done, weights_version(policy.model)))
+            resident = self._residency is not None and trainer is not None  # roles take turns on the GPU
             engine = make_engine(policy, self.config.rollout, version=version, seed=self.config.seed,
-                                 bf16=self._bf16(self.config.rollout.dtype))
-            if self._residency is not None and trainer is not None:  # roles take turns on the GPU
-                engine = ResidentEngine(engine, trainer)
+                                 bf16=self._bf16(self.config.rollout.dtype),
+                                 make_resident=trainer.make_resident if resident else None,
+                                 data_parallel=distributed.world_size() > 1,
+                                 sharded=trainer.model if trainer is not None and trainer.settings.fsdp else None)
+            if resident:
                 self._residency.attach_sampler(trainer, engine)
-            if distributed.world_size() > 1:  # each rank samples its share; every rank sees the whole batch
-                engine = distributed.DataParallelEngine(engine, self.config.rollout.batch_size)
-            if trainer is not None and trainer.settings.fsdp:  # every rank gathers the whole weights to sample
-                engine = distributed.FullWeightsEngine(engine, trainer.model)
             self._engines[key] = engine
         return self._engines[key]
 

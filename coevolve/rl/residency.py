@@ -4,22 +4,28 @@ A two-role run keeps a generator and a solver, each with fp32 weights and two Ad
 parameter). With this setting, the trainer about to sample, update or take gradients is made resident on the
 accelerator first and every other registered trainer's weights, optimizer state and frozen reference wait in host
 memory, so only one role's training state occupies the GPU. Recipes never call this: the Recipe base registers the
-trainers and wraps their samplers, and the trainer and the influence functions call ``make_resident`` themselves.
+trainers and wraps their samplers (:class:`coevolve.rollout.wrappers.ResidentEngine`), and the trainer and the influence functions call ``make_resident`` themselves.
 On a CPU-only run every model already lives in host memory and nothing moves.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol
 
 import torch
 
-from coevolve.rollout.base import Completion, RolloutEngine, SamplingParams
-
-if TYPE_CHECKING:
-    from coevolve.rl.trainer import PolicyTrainer
+from coevolve.rollout.base import RolloutEngine
 
 HOST = torch.device("cpu")
+
+
+class Trainer(Protocol):
+    """What residency moves of a trainer (:class:`coevolve.rl.trainer.PolicyTrainer`)."""
+
+    model: torch.nn.Module
+    reference: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+    residency: Residency | None
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
@@ -38,20 +44,20 @@ class Residency:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.trainers: list[PolicyTrainer] = []
-        self.samplers: list[tuple[PolicyTrainer, RolloutEngine]] = []
-        self.resident: PolicyTrainer | None = None
+        self.trainers: list[Trainer] = []
+        self.samplers: list[tuple[Trainer, RolloutEngine]] = []
+        self.resident: Trainer | None = None
 
-    def register(self, trainer: PolicyTrainer) -> None:
+    def register(self, trainer: Trainer) -> None:
         self.trainers.append(trainer)
         trainer.residency = self
 
-    def attach_sampler(self, trainer: PolicyTrainer, engine: RolloutEngine) -> None:
+    def attach_sampler(self, trainer: Trainer, engine: RolloutEngine) -> None:
         """``engine`` samples ``trainer``'s policy: when that role goes idle, its sampler's own copy of the weights
         and its decoding buffers are freed (engines that have them expose ``release``; they rebuild on next use)."""
         self.samplers.append((trainer, engine))
 
-    def activate(self, trainer: PolicyTrainer) -> None:
+    def activate(self, trainer: Trainer) -> None:
         """Make ``trainer`` resident on the device, moving every other registered trainer to host memory."""
         if self.resident is trainer or self.device.type == HOST.type:
             self.resident = trainer
@@ -68,27 +74,8 @@ class Residency:
         self.resident = trainer
 
     @staticmethod
-    def _place(trainer: PolicyTrainer, device: torch.device) -> None:
+    def _place(trainer: Trainer, device: torch.device) -> None:
         trainer.model.to(device)
         if trainer.reference is not None:
             trainer.reference.to(device)
         move_optimizer_state(trainer.optimizer, device)
-
-
-class ResidentEngine:
-    """A sampler that makes its policy's trainer resident before each ``generate``."""
-
-    def __init__(self, inner: RolloutEngine, trainer: PolicyTrainer):
-        self.inner = inner
-        self.trainer = trainer
-
-    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
-        self.trainer.make_resident()
-        return self.inner.generate(prompts, params, seed)
-
-    def pop_metrics(self) -> dict[str, float]:
-        return self.inner.pop_metrics()
-
-    def release(self) -> None:
-        if hasattr(self.inner, "release"):
-            self.inner.release()

@@ -4,32 +4,47 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
 from coevolve.rollout.base import Completion, RolloutEngine, SamplingParams, weights_version
+from coevolve.rollout.wrappers import DataParallelEngine, FullWeightsEngine, ResidentEngine
 
 __all__ = ["Completion", "RolloutEngine", "SamplingParams", "make_engine", "weights_version"]
 
 
 def make_engine(policy, rollout, *, version: Callable[[], object] | None = None, seed: int = 0,
-                bf16: bool = False) -> RolloutEngine:
-    """The sampler ``rollout.engine`` names for ``policy`` (a ``Policy``; ``rollout`` is the config's ``rollout``).
+                bf16: bool = False, make_resident: Callable[[], None] | None = None, data_parallel: bool = False,
+                sharded: torch.nn.Module | None = None) -> RolloutEngine:
+    """The sampling stack for ``policy`` (a ``Policy``; ``rollout`` is the config's ``rollout``): the engine
+    ``rollout.engine`` names, then the wrappers of :mod:`coevolve.rollout.wrappers` the run needs.
 
     ``version`` identifies the live weights (default: :func:`weights_version` of the model); an engine with its
     own copy of the weights reloads them when it changes. ``bf16``: the HF engine samples from a bf16 copy
-    (``rollout.dtype`` resolved for the run's device).
+    (``rollout.dtype`` resolved for the run's device). ``make_resident``: called before each call (roles take
+    turns on the GPU); ``data_parallel``: each rank samples its share and every rank sees the whole batch;
+    ``sharded``: the FSDP model whose whole weights every rank gathers to sample.
     """
-    if rollout.engine == "hf":
-        import torch
+    engine = _engine(policy, rollout, version=version, seed=seed, bf16=bf16)
+    if make_resident is not None:
+        engine = ResidentEngine(engine, make_resident)
+    if data_parallel:
+        engine = DataParallelEngine(engine, rollout.batch_size)
+    if sharded is not None:
+        engine = FullWeightsEngine(engine, sharded)
+    return engine
 
+
+def _engine(policy, rollout, *, version: Callable[[], object] | None, seed: int, bf16: bool) -> RolloutEngine:
+    if rollout.engine == "hf":
         from coevolve.rollout.hf import HFRolloutEngine
 
         return HFRolloutEngine(policy.model, policy.tokenizer, batch_size=rollout.batch_size,
                                eos_token_ids=policy.eos_token_ids, dtype=torch.bfloat16 if bf16 else None,
                                cuda_graphs=rollout.cuda_graphs, keep_sampler=rollout.keep_sampler,
                                sync_every=rollout.sync_every, version=version)
-    from coevolve.models import hf_model_source
     from coevolve.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings, require_vllm
 
     require_vllm()
-    return VLLMRolloutEngine(policy.model, policy.tokenizer, hf_model_source(policy.name),
+    return VLLMRolloutEngine(policy.model, policy.tokenizer, policy.weights_source,
                              eos_token_ids=policy.eos_token_ids, settings=VLLMSettings(**rollout.vllm.model_dump()),
                              version=version, seed=seed)

@@ -1,0 +1,73 @@
+"""Engine wrappers, stacked by :func:`coevolve.rollout.make_engine`: residency, data parallel, full weights.
+
+Each forwards ``pop_metrics`` and ``release`` (where the engine it wraps has it) to the engine it wraps.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from coevolve.distributed import all_gather_objects, full_weights, shard_bounds
+from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, RolloutEngine, SamplingParams
+
+
+class EngineWrapper:
+    """Forwards everything but ``generate`` to ``inner``."""
+
+    def __init__(self, inner: RolloutEngine):
+        self.inner = inner
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
+        return self.inner.generate(prompts, params, seed)
+
+    def pop_metrics(self) -> dict[str, float]:
+        return self.inner.pop_metrics()
+
+    def release(self) -> None:
+        if hasattr(self.inner, "release"):
+            self.inner.release()
+
+
+class ResidentEngine(EngineWrapper):
+    """A sampler that makes its policy's trainer resident (``train.offload_idle_role``) before each ``generate``."""
+
+    def __init__(self, inner: RolloutEngine, make_resident: Callable[[], None]):
+        super().__init__(inner)
+        self.make_resident = make_resident
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
+        self.make_resident()
+        return self.inner.generate(prompts, params, seed)
+
+
+class DataParallelEngine(EngineWrapper):
+    """Each rank samples its contiguous share of the prompts (whole engine batches); all ranks get every completion.
+
+    Prompt ``j`` of a call with seed ``s`` is sampled as if it were the first prompt of a call with seed
+    ``s + j * PROMPT_SEED_STRIDE``, so a rank sampling prompts ``[a, b)`` reproduces exactly what one process
+    sampling all of them would have (shares are whole batches of ``batch_size``, the unit of the HF engine's RNG).
+    """
+
+    def __init__(self, inner: RolloutEngine, batch_size: int):
+        super().__init__(inner)
+        self.batch_size = batch_size
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
+        start, end = shard_bounds(len(prompts), unit=self.batch_size)
+        local = (self.inner.generate(prompts[start:end], params, seed + start * PROMPT_SEED_STRIDE)
+                 if end > start else [])
+        return [c for part in all_gather_objects(local) for c in part]
+
+
+class FullWeightsEngine(EngineWrapper):
+    """A sampler of a sharded policy: the whole weights are gathered on every rank for each ``generate``."""
+
+    def __init__(self, inner: RolloutEngine, model: torch.nn.Module):
+        super().__init__(inner)
+        self.model = model
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
+        with full_weights(self.model):
+            return self.inner.generate(prompts, params, seed)
