@@ -12,7 +12,7 @@ import torch
 from coevolve.config import ConfigError
 from coevolve.formats import load_worked_examples
 from coevolve.recipes import FORMATS
-from coevolve.recipes.base import FormatWatch
+from coevolve.recipes.generator import FormatWatch
 from coevolve.rollout.base import SamplingParams
 from coevolve.rollout.constrained import RegexConstraint
 from coevolve.rollout.hf import HFRolloutEngine, encode_prompt

@@ -8,12 +8,13 @@ from coevolve.config import ConfigError, RunConfig, deep_merge, load_yaml, parse
 from coevolve.formats import GeneratorFormat
 from coevolve.recipes import dynamic_rl, grpo, infuser, opensir, pasodoble, prism, r_zero  # noqa: F401  (importing registers each recipe)
 from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
+from coevolve.recipes.generator import GeneratorRecipe
 
 __all__ = ["FORMATS", "RECIPES", "Recipe", "resolve", "resolve_saved"]
 
 # The generators' chat output formats by recipe name (each declared in its recipe's file).
 FORMATS: dict[str, GeneratorFormat] = {name: cls.formats["chat"] for name, cls in RECIPES.items()
-                                       if "chat" in cls.formats}
+                                       if issubclass(cls, GeneratorRecipe) and "chat" in cls.formats}
 
 
 def default_eval_sets(task: str) -> list[str]:

@@ -6,14 +6,11 @@ sampling, step seeds, sample records) live here so a recipe file reads like its 
 
 from __future__ import annotations
 
-import copy
 import hashlib
-import logging
 import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, Mapping, Sequence
 
 import torch
@@ -21,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coevolve import distributed
 from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, ConfigError, RunConfig
-from coevolve.formats import GeneratorFormat, examples_block, load_worked_examples, solver_answer_regex
 from coevolve.models import Policy, load_policy
 from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency
@@ -29,7 +25,6 @@ from coevolve.rl.trainer import PolicyTrainer, RoleUpdate, TrainSample, update_s
 from coevolve.rollout import Completion, RolloutEngine, SamplingParams, make_engine, weights_version
 
 RECIPES: dict[str, type["Recipe"]] = {}
-log = logging.getLogger(__name__)
 
 
 class RecipeParams(BaseModel):
@@ -43,22 +38,6 @@ class RecipeParams(BaseModel):
 
 
 ArithLevels = Annotated[list[Literal[1, 2, 3, 4, 5, 6]], Field(min_length=1)]  # levels of the arith world
-
-
-class GeneratorParams(RecipeParams):
-    """``params`` of a recipe with a generator: the format help switches (:mod:`coevolve.formats`), all off in
-    the papers' presets."""
-
-    format_examples: int = Field(0, ge=0, le=16, description="worked examples of the output format (GSM8K-train "
-                                 "problems) appended to the generator prompt")
-    format_constraint: bool = Field(False, description="constrained decoding of the generator's output format "
-                                    "(xgrammar / vLLM structured outputs); turns on train.tis_cap")
-    generator_init: str | None = Field(None, description="start the generator (one-policy recipes: the policy) from "
-                                       "this `coevolve sft` output folder (its model/) or model folder")
-    solver_format_constraint: bool = Field(False, description="constrained decoding of the solver's training "
-                                           "rollouts to end in \\boxed{answer} (evaluation is never constrained)")
-    format_warn_after: int = Field(3, gt=0, description="K: warn once after K consecutive generator steps with no "
-                                   "valid output")
 
 
 @dataclass
@@ -81,15 +60,14 @@ def step_seed(seed: int, step: int, purpose: str) -> int:
 
 
 class Recipe:
-    """One method. Subclasses set ``name``, ``summary``, ``Params`` and ``presets`` (and, with a generator, its
-    ``formats`` by task world) and implement ``step``."""
+    """One method. Subclasses set ``name``, ``summary``, ``Params`` and ``presets`` and implement ``step``; a recipe
+    with a generator subclasses :class:`coevolve.recipes.generator.GeneratorRecipe`."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
     Params: ClassVar[type[RecipeParams]] = RecipeParams
     defaults: ClassVar[dict[str, Any]] = {}
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
-    formats: ClassVar[dict[str, GeneratorFormat]] = {}  # the generator's output format per world ("chat")
     fsdp_unsupported: ClassVar[str | None] = None  # why ``train.fsdp`` cannot shard this recipe, if it cannot
 
     def __init__(self, config: RunConfig, params: RecipeParams):
@@ -102,8 +80,6 @@ class Recipe:
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
         self._residency = (Residency(distributed.device_for(config.device)) if config.train.offload_idle_role
                            else None)
-        if isinstance(params, GeneratorParams):
-            self._init_format_help(params)
 
     # --- what the loop needs ----------------------------------------------------------------------
     def trainers(self) -> dict[str, PolicyTrainer]:
@@ -203,48 +179,6 @@ class Recipe:
                 totals[key] = totals.get(key, 0.0) + value
         return totals
 
-    # --- format help (coevolve.formats) ---------------------------------------------------------------
-    def _init_format_help(self, params: GeneratorParams) -> None:
-        helped = (params.format_examples or params.format_constraint or params.generator_init
-                  or params.solver_format_constraint)
-        if helped and self.config.task == "arith":
-            raise ConfigError("config key 'params.format_examples/format_constraint/generator_init': format help is "
-                              "for chat tasks (math and its document variants); tiny-arith has its own formats")
-        self.generator_format = None if self.config.task == "arith" else self.formats["chat"]
-        self.format_watch = FormatWatch(self.name, params.format_warn_after, chat=self.generator_format is not None)
-        if params.solver_format_constraint:  # the solver's rollouts: sample_groups without explicit params
-            self.solver_sampling = replace(self.sampling, regex=solver_answer_regex(self.sampling.max_new_tokens))
-        self.format_examples = (load_worked_examples(params.format_examples, self.config.seed, self.config.data_dir)
-                                if params.format_examples else [])
-
-    def generator_message(self, message: str) -> str:
-        """The generator's user message with ``params.format_examples`` worked examples of its format appended."""
-        return message + examples_block(self.generator_format, self.format_examples)
-
-    def generator_sampling(self, sampling: SamplingParams) -> SamplingParams:
-        """The generator's sampling, constrained to its output format when ``params.format_constraint`` is on."""
-        if not self.params.format_constraint:
-            return sampling
-        return replace(sampling, regex=self.generator_format.regex)
-
-    def generator_model(self) -> str:
-        """What the generator starts from: ``params.generator_init`` (a ``coevolve sft`` folder's model) or the
-        run's model."""
-        init = self.params.generator_init
-        if init is None:
-            return self.config.model
-        return str(Path(init) / "model") if (Path(init) / "model").is_dir() else init
-
-    def generator_policy(self, solver: Policy) -> Policy:
-        """The generator of a two-model recipe: a copy of the solver, or the ``params.generator_init`` model."""
-        if self.params.generator_init is None:
-            return Policy(solver.name, copy.deepcopy(solver.model), solver.tokenizer, solver.prompt_style)
-        return self.load_policy(self.generator_model())
-
-    def watch_format(self, step: int, valid: int, total: int) -> None:
-        """Count a generator step's valid outputs; one warning after ``params.format_warn_after`` empty steps."""
-        self.format_watch.observe(step, valid, total)
-
     def sample_groups(self, policy: Policy, prompts: Sequence[str], group_size: int, seed: int,
                       params: SamplingParams | None = None) -> list[list[Completion]]:
         """``group_size`` completions for each prompt, returned as one list per prompt (``params`` unset: the
@@ -281,31 +215,3 @@ class PhaseTimer(dict):
         finally:
             key = f"time/{phase}_s"
             self[key] = self.get(key, 0.0) + time.perf_counter() - started
-
-
-class FormatWatch:
-    """Counts consecutive generator steps with no valid output; warns once after ``after`` of them (``chat``: the
-    recipe's chat format and the format help switches; otherwise the arithmetic world's writer format)."""
-
-    def __init__(self, recipe: str, after: int, chat: bool = True):
-        self.recipe, self.after, self.chat, self.empty, self.warned = recipe, after, chat, 0, False
-
-    def observe(self, step: int, valid: int, total: int) -> bool:
-        """Record one step's ``valid`` of ``total`` generator outputs; True when this call logged the warning."""
-        if total == 0:
-            return False
-        self.empty = 0 if valid else self.empty + 1
-        if self.empty < self.after or self.warned:
-            return False
-        self.warned = True
-        if not self.chat:
-            log.warning("step %d: the %s generator wrote no valid output for %d consecutive steps (expected the "
-                        "arithmetic world's writer format, Q:<expression>), so nothing reaches the solver; is the "
-                        "model the pretrained tiny-arith?", step, self.recipe, self.empty)
-            return True
-        log.warning("step %d: the %s generator wrote no valid output for %d consecutive steps (expected: %s), so "
-                    "nothing reaches the solver; turn on format help: params.format_examples=N (worked examples in "
-                    "the prompt), params.format_constraint=true (constrained decoding) or params.generator_init=DIR "
-                    "(a `coevolve sft %s` format warm-up)", step, self.recipe, self.empty,
-                    RECIPES[self.recipe].formats["chat"].description, self.recipe)
-        return True

@@ -34,9 +34,7 @@ from coevolve.grading.equivalence import verify_equivalent
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.recipes.base import (
-    GeneratorParams,
     PhaseTimer,
-    Recipe,
     StepOutput,
     mean,
     register,
@@ -44,6 +42,7 @@ from coevolve.recipes.base import (
     step_seed,
     train_samples,
 )
+from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
 from coevolve.rewards.difficulty import tent_reward
 from coevolve.rewards.filters import FILTER_RULES, filter_reasons
 from coevolve.rewards.similarity import answer_diversity, malformed_floor, question_diversity
@@ -135,7 +134,7 @@ def _paper_question(text: str, cut_off: bool) -> ParsedQuestion | None:
 
 
 @register
-class DynamicRL(Recipe):
+class DynamicRL(GeneratorRecipe):
     name = "dynamic_rl"
     summary = ("one policy writes questions from a fixed prompt and answers them; majority-vote labels, tent "
                "difficulty + token/answer diversity rewards, per-term z-scored advantages")

@@ -40,9 +40,7 @@ from coevolve.grading.extract import braces_balanced, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (
     ArithLevels,
-    GeneratorParams,
     PhaseTimer,
-    Recipe,
     StepOutput,
     mean,
     register,
@@ -50,6 +48,7 @@ from coevolve.recipes.base import (
     step_seed,
     train_samples,
 )
+from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
 from coevolve.rl.advantages import compute_advantages, dr_grpo_advantages, nonzero_variance_mask
 from coevolve.rl.influence import DevGradient, dev_gradient, influence_scores, one_step_dev_gains
 from coevolve.rl.trainer import RoleUpdate, TrainSample
@@ -179,7 +178,7 @@ class Generated:
 
 
 @register
-class Infuser(Recipe):
+class Infuser(GeneratorRecipe):
     name = "infuser"
     summary = ("document-grounded generator writes questions with its own answers, rewarded by the cosine between "
                "the AdamW-preconditioned solver update they cause and a dev-set gradient; DuGRPO / Dr.GRPO")

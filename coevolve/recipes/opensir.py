@@ -43,9 +43,7 @@ from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.models import Policy
 from coevolve.pool import ProblemPool
 from coevolve.recipes.base import (
-    GeneratorParams,
     PhaseTimer,
-    Recipe,
     StepOutput,
     mean,
     register,
@@ -53,6 +51,7 @@ from coevolve.recipes.base import (
     step_seed,
     train_samples,
 )
+from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
 from coevolve.rewards.difficulty import triangular_solvability
 from coevolve.rewards.format import (
     StudentFormat,
@@ -172,7 +171,7 @@ class Candidate:
 
 
 @register
-class OpenSIR(Recipe):
+class OpenSIR(GeneratorRecipe):
     name = "opensir"
     summary = "one policy as teacher and student; pool-seeded problems; novelty = solvability+length+diversity+format"
     Params = OpenSIRParams

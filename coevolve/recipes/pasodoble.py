@@ -40,9 +40,7 @@ from coevolve.formats import ANSWER, LINE, MAX_SOLUTION_CHARS, GeneratorFormat, 
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (
-    GeneratorParams,
     PhaseTimer,
-    Recipe,
     StepOutput,
     mean,
     register,
@@ -50,6 +48,7 @@ from coevolve.recipes.base import (
     step_seed,
     train_samples,
 )
+from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
 from coevolve.rewards.pasodoble import DiversityGate, JaccardHistory, LeakMode, leaks_answer, proposer_reward
 from coevolve.rl.advantages import dr_grpo_advantages, grpo_advantages
 from coevolve.rl.trainer import RoleUpdate
@@ -180,7 +179,7 @@ def parse_proposal(text: str) -> tuple[str | None, str | None]:
 
 
 @register
-class PasoDoble(Recipe):
+class PasoDoble(GeneratorRecipe):
     name = "pasodoble"
     summary = ("knowledge-grounded proposer writes questions with its own answers, rewarded by difficulty (1.1 - "
                "pass rate) + Jaccard diversity, gated; the solver learns to agree; online or offline")

@@ -42,9 +42,7 @@ from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.models import Policy
 from coevolve.recipes.base import (
-    GeneratorParams,
     PhaseTimer,
-    Recipe,
     StepOutput,
     mean,
     register,
@@ -52,6 +50,7 @@ from coevolve.recipes.base import (
     step_seed,
     train_samples,
 )
+from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
 from coevolve.rewards.uncertainty import (
     BleuTokens,
     RZeroForm,
@@ -223,7 +222,7 @@ def has_think_format(text: str) -> bool:
 
 
 @register
-class RZero(Recipe):
+class RZero(GeneratorRecipe):
     name = "r_zero"
     summary = ("questioner and solver in alternating GRPO phases; uncertainty reward minus BLEU-cluster repetition "
                "penalty; majority-vote labels, pool band filter")

@@ -1,0 +1,117 @@
+"""What a recipe with a generator adds to :class:`Recipe`: its output format per task world and the format help.
+
+A generator writes questions in its recipe's declared format (``formats["chat"]`` on chat models; the arithmetic
+world's writer format on tiny-arith). The help switches (:mod:`coevolve.formats`) are worked examples in the prompt,
+constrained decoding and a format warm-up's model as the starting point; ``FormatWatch`` warns when none of a
+generator's outputs parse for several steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field
+
+from coevolve.config import ConfigError, RunConfig
+from coevolve.formats import GeneratorFormat, examples_block, load_worked_examples, solver_answer_regex
+from coevolve.models import Policy
+from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
+from coevolve.rollout import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class GeneratorParams(RecipeParams):
+    """``params`` of a recipe with a generator: the format help switches (:mod:`coevolve.formats`), all off in
+    the papers' presets."""
+
+    format_examples: int = Field(0, ge=0, le=16, description="worked examples of the output format (GSM8K-train "
+                                 "problems) appended to the generator prompt")
+    format_constraint: bool = Field(False, description="constrained decoding of the generator's output format "
+                                    "(xgrammar / vLLM structured outputs); turns on train.tis_cap")
+    generator_init: str | None = Field(None, description="start the generator (one-policy recipes: the policy) from "
+                                       "this `coevolve sft` output folder (its model/) or model folder")
+    solver_format_constraint: bool = Field(False, description="constrained decoding of the solver's training "
+                                           "rollouts to end in \\boxed{answer} (evaluation is never constrained)")
+    format_warn_after: int = Field(3, gt=0, description="K: warn once after K consecutive generator steps with no "
+                                   "valid output")
+
+
+class GeneratorRecipe(Recipe):
+    """A recipe whose generator writes questions; ``formats`` declares its output format by task world."""
+
+    formats: ClassVar[dict[str, GeneratorFormat]] = {}  # the generator's output format per world ("chat")
+
+    def __init__(self, config: RunConfig, params: GeneratorParams):
+        super().__init__(config, params)
+        helped = (params.format_examples or params.format_constraint or params.generator_init
+                  or params.solver_format_constraint)
+        if helped and self.config.task == "arith":
+            raise ConfigError("config key 'params.format_examples/format_constraint/generator_init': format help is "
+                              "for chat tasks (math and its document variants); tiny-arith has its own formats")
+        self.generator_format = None if self.config.task == "arith" else self.formats["chat"]
+        self.format_watch = FormatWatch(self.name, params.format_warn_after, chat=self.generator_format is not None)
+        if params.solver_format_constraint:  # the solver's rollouts: sample_groups without explicit params
+            self.solver_sampling = replace(self.sampling, regex=solver_answer_regex(self.sampling.max_new_tokens))
+        self.format_examples = (load_worked_examples(params.format_examples, self.config.seed, self.config.data_dir)
+                                if params.format_examples else [])
+
+    def generator_message(self, message: str) -> str:
+        """The generator's user message with ``params.format_examples`` worked examples of its format appended."""
+        return message + examples_block(self.generator_format, self.format_examples)
+
+    def generator_sampling(self, sampling: SamplingParams) -> SamplingParams:
+        """The generator's sampling, constrained to its output format when ``params.format_constraint`` is on."""
+        if not self.params.format_constraint:
+            return sampling
+        return replace(sampling, regex=self.generator_format.regex)
+
+    def generator_model(self) -> str:
+        """What the generator starts from: ``params.generator_init`` (a ``coevolve sft`` folder's model) or the
+        run's model."""
+        init = self.params.generator_init
+        if init is None:
+            return self.config.model
+        return str(Path(init) / "model") if (Path(init) / "model").is_dir() else init
+
+    def generator_policy(self, solver: Policy) -> Policy:
+        """The generator of a two-model recipe: a copy of the solver, or the ``params.generator_init`` model."""
+        if self.params.generator_init is None:
+            return Policy(solver.name, copy.deepcopy(solver.model), solver.tokenizer, solver.prompt_style)
+        return self.load_policy(self.generator_model())
+
+    def watch_format(self, step: int, valid: int, total: int) -> None:
+        """Count a generator step's valid outputs; one warning after ``params.format_warn_after`` empty steps."""
+        self.format_watch.observe(step, valid, total)
+
+
+class FormatWatch:
+    """Counts consecutive generator steps with no valid output; warns once after ``after`` of them (``chat``: the
+    recipe's chat format and the format help switches; otherwise the arithmetic world's writer format)."""
+
+    def __init__(self, recipe: str, after: int, chat: bool = True):
+        self.recipe, self.after, self.chat, self.empty, self.warned = recipe, after, chat, 0, False
+
+    def observe(self, step: int, valid: int, total: int) -> bool:
+        """Record one step's ``valid`` of ``total`` generator outputs; True when this call logged the warning."""
+        if total == 0:
+            return False
+        self.empty = 0 if valid else self.empty + 1
+        if self.empty < self.after or self.warned:
+            return False
+        self.warned = True
+        if not self.chat:
+            log.warning("step %d: the %s generator wrote no valid output for %d consecutive steps (expected the "
+                        "arithmetic world's writer format, Q:<expression>), so nothing reaches the solver; is the "
+                        "model the pretrained tiny-arith?", step, self.recipe, self.empty)
+            return True
+        log.warning("step %d: the %s generator wrote no valid output for %d consecutive steps (expected: %s), so "
+                    "nothing reaches the solver; turn on format help: params.format_examples=N (worked examples in "
+                    "the prompt), params.format_constraint=true (constrained decoding) or params.generator_init=DIR "
+                    "(a `coevolve sft %s` format warm-up)", step, self.recipe, self.empty,
+                    RECIPES[self.recipe].formats["chat"].description, self.recipe)
+        return True
