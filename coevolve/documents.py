@@ -7,15 +7,15 @@ Sources of passages (``load_documents``):
 - ``openstax``: the OpenStax algebra books (CNXML, ``corpus_openstax_algebra/modules/*/index.cnxml``), read with
   ``xml.etree.ElementTree``: each module's title and the text of its paragraphs, lists, notes and worked examples
   (MathML flattened to its symbols); exercises (answer keys) and figure/table captions are left out, as INFUSER's
-  chunk judge discards answer keys and navigational text (spec §2.3 step 5);
+  chunk judge discards answer keys and navigational text (INFUSER §3.1);
 - ``proofwiki``: ProofWiki theorem statements (``corpus_proofwiki/*.json``, one JSON object keyed by id), read with
   ``json``;
 - a path: a ``.txt`` file (paragraphs split at blank lines), a ``.jsonl`` file (its ``text`` field), a ``.json`` file
   in the ProofWiki layout, a ``.cnxml`` file, or a folder of any of these.
 
-Long texts are split into chunks of ``min_tokens``..``max_tokens`` tokens (INFUSER spec §2.3 step 4: paragraph split,
+Long texts are split into chunks of ``min_tokens``..``max_tokens`` tokens (INFUSER §3.1: paragraph split,
 then sentence split, then comma/semicolon split, then a plain cut; fragments under ``min_tokens`` are dropped);
-PasoDoble keeps passages of at most 1,024 tokens (spec §2.4), which the same bounds express.
+PasoDoble keeps passages of at most 1,024 tokens (PasoDoble §3.2), which the same bounds express.
 
 Sampling: PasoDoble draws uniformly with replacement (:meth:`DocumentPool.sample`); INFUSER walks seeded shuffles
 without replacement, reshuffling at each epoch (:meth:`DocumentPool.take`). Both are pure functions of (seed,
@@ -58,7 +58,8 @@ def word_count(text: str) -> int:
 
 
 def tokenizer_counter(tokenizer) -> TokenCounter:
-    """Token count under ``tokenizer`` (no special tokens): the bounds of PasoDoble §13 item 22, INFUSER §2.3."""
+    """Token count under ``tokenizer`` (no special tokens): the bounds of PasoDoble §3.2 (its tokenizer unnamed)
+    and INFUSER §3.1."""
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -184,7 +185,7 @@ def _pack(pieces: Sequence[str], max_tokens: int, count: TokenCounter, sep: str)
 
 
 def chunk_text(text: str, min_tokens: int, max_tokens: int, count: TokenCounter = word_count) -> list[str]:
-    """Split ``text`` into chunks of ``min_tokens``..``max_tokens`` tokens (INFUSER spec §2.3 step 4).
+    """Split ``text`` into chunks of ``min_tokens``..``max_tokens`` tokens (INFUSER §3.1).
 
     Paragraphs (blank-line separated) are packed greedily; a paragraph over ``max_tokens`` falls back to sentences,
     then comma/semicolon clauses, then word cuts. Chunks under ``min_tokens`` are dropped.
@@ -214,12 +215,12 @@ class DocumentPool:
         return len(self.passages)
 
     def sample(self, seed: int, n: int) -> list[str]:
-        """``n`` passages drawn uniformly with replacement (PasoDoble §2.4)."""
+        """``n`` passages drawn uniformly with replacement (PasoDoble §3.2)."""
         rng = random.Random(seed)
         return [self.passages[rng.randrange(len(self.passages))] for _ in range(n)]
 
     def take(self, seed: int, start: int, n: int) -> list[str]:
-        """Passages ``start .. start+n-1`` of an endless walk over seeded shuffles, one per epoch (INFUSER §2.3)."""
+        """Passages ``start .. start+n-1`` of an endless walk over seeded shuffles, one per epoch (INFUSER §3.1)."""
         out = []
         for k in range(start, start + n):
             epoch, offset = divmod(k, len(self.passages))
@@ -294,7 +295,7 @@ def load_documents(source: str, *, min_tokens: int = 1, max_tokens: int = 1024, 
 
 def dev_set(task: str, n: int, *, source: str | None = None, seed: int = 0, data_dir: str | None = None,
             levels: Sequence[int] = (4,)) -> list[Problem]:
-    """INFUSER's 𝒟_dev: ``n`` verified (question, answer) pairs from the target distribution (spec §2.4).
+    """INFUSER's 𝒟_dev: ``n`` verified (question, answer) pairs from the target distribution (INFUSER §2.3).
 
     ``arith``: the grounded held-out slices of ``levels``, taken in turn (level by level: the first question of each,
     then the second, ...), so the levels share ``n`` evenly; evaluation reads the plain held-out sets and training

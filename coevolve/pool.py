@@ -1,4 +1,4 @@
-"""A persistent problem pool: OpenSIR's P_t (Algorithm 1; spec opensir.md §2.3).
+"""A persistent problem pool: OpenSIR's P_t (Algorithm 1; paper §2.1).
 
 The pool starts from seed problems, only grows (P_t = P_{t-1} ∪ Q_valid, no de-duplication, no
 eviction), hands out reference problems uniformly at random with replacement, and round-trips

@@ -5,7 +5,7 @@ Reads ``config.yaml``, ``metrics.jsonl``, ``samples/step_*.jsonl`` and (when fin
 ``summary.json``; works on a run that is still being written. Writes
 ``RUN/analytics/curriculum.json`` and, when embeddings are on, caches under ``RUN/analytics/``:
 ``embeddings.npz`` (question embeddings keyed by text hash) and ``cluster_space/`` (the fixed
-partition the coverage statistics are measured in, prism.md §4.9).
+partition the coverage statistics are measured in, Prism §6.2).
 
 Definitions (per group of rows, a group being a step, an iteration or the run):
 
@@ -56,7 +56,7 @@ CLUSTER_DIR = "cluster_space"
 SOLVE_RATE_BINS = 10
 LABEL_BANDS = (0.0, 0.25, 0.5, 0.75, 1.0)
 NGRAMS = (1, 2, 3)
-DEFAULT_K = 32  # prism.md §12.4: K = 32 for the arithmetic world
+DEFAULT_K = 32  # K = 32 for the arithmetic world's 2,000 reference questions (the paper's K = 128 is for MATH)
 _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 _TOKEN = re.compile(r"\d+(?:\.\d+)?|[^\W\d_]+|\S")
 

@@ -1,7 +1,7 @@
 """Curriculum diversity measures: small pure functions on texts, embeddings and cluster counts.
 
 Lexical: distinct-n and duplicate rate. Semantic: mean pairwise cosine distance. Coverage over a
-fixed cluster space: Prism's Table 2 statistics (prism.md §4.9) - active clusters, std,
+fixed cluster space: Prism's Table 2 statistics (arXiv:2603.13309 §6.2) - active clusters, std,
 entropy in bits, normalised entropy H/log2 K, Gini, top-10 share and the Lorenz curve.
 Undefined values (an empty set, fewer than two items) are ``nan``.
 """

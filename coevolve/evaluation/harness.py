@@ -1,7 +1,7 @@
 """Evaluate a policy on evaluation sets: prompt, sample in batches, grade, score, write results.
 
 Sampling settings come from a named preset (:data:`EVAL_PRESETS`, collected from the
-evaluation sections of ``shared/spec/*.md``); explicit arguments override the preset.
+evaluation sections of the papers; arXiv ids in ``docs/recipes/``); explicit arguments override the preset.
 """
 
 from __future__ import annotations
@@ -40,20 +40,21 @@ class EvalPreset:
 
 EVAL_PRESETS: dict[str, EvalPreset] = {
     "greedy": EvalPreset(0.0, 1.0, 0, 512, 1,
-                         "project default: greedy accuracy (pass@1 as in prism.md §8.1); 512 new tokens "
-                         "is a CPU budget, not a paper value"),
+                         "project default: greedy accuracy (pass@1 as in Prism, arXiv:2603.13309 §5.3); 512 new "
+                         "tokens is a CPU budget, not a paper value"),
     "prism": EvalPreset(0.0, 1.0, 0, 4096, 1,
-                        "prism.md §8.1: Pass@1 with greedy decoding; §7 [C] max response length 4096"),
+                        "Prism (arXiv:2603.13309) §5.3: Pass@1 with greedy decoding; its code: max response "
+                        "length 4096"),
     "dynamic_rl": EvalPreset(0.6, 0.95, 20, 3072, 16,
-                             "dynamic_rl.md §8: avg@16, temperature 0.6, top-p 0.95, top-k 20; max length "
+                             "Dynamic RL §3.1: avg@16, temperature 0.6, top-p 0.95, top-k 20; max length "
                              "not stated, 3072 recommended"),
     "opensir": EvalPreset(0.6, 0.95, 0, 4096, 16,
-                          "opensir.md §8: avg@16, zero-shot, temperature 0.6, top-p 0.95, at most 4096 tokens"),
+                          "OpenSIR §3.2: avg@16, zero-shot, temperature 0.6, top-p 0.95, at most 4096 tokens"),
     "pasodoble": EvalPreset(0.6, 0.95, 0, 8192, 6,
-                            "pasodoble.md §8.1: pass@1 = mean over 6 samples, temperature 0.6, top-p 0.95, "
-                            "8192 context (5 samples on GPQA/SuperGPQA)"),
+                            "PasoDoble (arXiv:2511.11881) §4: pass@1 = mean over 6 samples, temperature 0.6, "
+                            "top-p 0.95, 8192 context (5 samples on GPQA/SuperGPQA)"),
     "infuser": EvalPreset(0.7, 0.8, 20, 8192, 4,
-                          "infuser.md §8.2 and §7: temperature 0.7, top-p 0.8, top-k 20, response 8192; "
+                          "INFUSER App. F.3: temperature 0.7, top-p 0.8, top-k 20, response 8192; "
                           "avg@4 on MATH500 (1 on most sets, 32 on AIME/HMMT)"),
 }
 

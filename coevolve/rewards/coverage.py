@@ -1,7 +1,7 @@
-r"""Prism's cluster-coverage reward (spec prism.md §4.3-§4.7; paper §4.1-§4.2, eqs. 6-13, Algorithm 1).
+r"""Prism's cluster-coverage reward (arXiv:2603.13309 §4.1-§4.2, eqs. 6-13, Algorithm 1).
 
 - :func:`zpd_gate`: zpd(p) = max(0, 1 - |p - 0.75| / 0.4) inside [0.5, 0.9], 0 outside (eq. 11). The width is wider
-  than the band, so the gate jumps from 0.375 / 0.625 to 0 at the band edges (spec §13 #5: kept as written).
+  than the band, so the gate jumps from 0.375 / 0.625 to 0 at the band edges (kept as the paper writes it).
 - :class:`CoverageCounts`: the persistent visit counts n_k, initialised to alpha, updated per batch with
   n_k <- gamma n_k + (1 - gamma) m_k (eq. 6 / 13; no decay for a batch with no assigned question, as the code);
   the rarity bonus d(q) = exp(-n_c(q) / mean_k n_k) (eq. 10) read from the counts *before* the batch's update.
@@ -100,9 +100,9 @@ def reference_questions(corpus: ReferenceCorpus, *, data_dir: str | None = None,
                         seed: int = 42) -> tuple[list[str], dict[str, Any]]:
     """The questions of a reference corpus and what was checked about them.
 
-    ``arith``: ``n_arith`` generated questions, levels 1-6 uniformly (spec §12.4). ``math_minus_math500``: the MATH
+    ``arith``: ``n_arith`` generated questions, levels 1-6 uniformly. ``math_minus_math500``: the MATH
     test problems whose text (whitespace collapsed) is not a MATH-500 problem (the paper's "MATH training split" is
-    not available offline; this is the spec's MATH-12k intent restricted to the test file, §13 #1). ``gsm8k_train``:
+    not available offline; this is the paper's MATH training split restricted to the test file). ``gsm8k_train``:
     GSM8K train (the released code's second corpus).
     """
     if corpus == "arith":

@@ -20,7 +20,7 @@ def _check_unit(name: str, value: float) -> None:
 def tent_reward(p: float, tau: float) -> float:
     """Dynamic RL's R_q (Eq. 8): p / tau for p <= tau, (1 - p) / (1 - tau) above; 1 at p = tau, 0 at p = 0 and 1.
 
-    Edge guards (spec §4.5, not in the paper): tau = 0 gives 1 - p, tau = 1 gives p.
+    Edge guards (not in the paper): tau = 0 gives 1 - p, tau = 1 gives p.
     """
     _check_unit("p", p)
     _check_unit("tau", tau)
@@ -36,7 +36,7 @@ def solvability_edge(s_min: float, s_max: float, group_size: int,
     """The value the OpenSIR triangle falls to at s_min and s_max.
 
     ``inv_group`` (paper, Eq. 2's slope (1 - 1/G) / (s_mid - s_min)): 1/G. ``inv_levels`` (released code): 1 over the
-    number of attainable solve rates i/G, i = 1..G, inside [s_min, s_max] (opensir spec §4.2, [CODE≠PAPER]).
+    number of attainable solve rates i/G, i = 1..G, inside [s_min, s_max] (OpenSIR Eq. 2; the released code differs).
     """
     if group_size < 1:
         raise ValueError(f"group_size must be positive, got {group_size}")

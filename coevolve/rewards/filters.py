@@ -1,4 +1,4 @@
-"""Dynamic RL's rule-based question filters (paper §2 "Question Filtering"; regexes per spec §13 item 7).
+"""Dynamic RL's rule-based question filters (paper §2 "Question Filtering"; the regexes are ours).
 
 A filtered question keeps its diversity rewards but gets R_q = 0 and R_s = 0 for all its solutions. The rules:
 

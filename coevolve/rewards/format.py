@@ -1,6 +1,6 @@
 """OpenSIR's format scores and solution-length score (§2.3; Eqs. 3 and 6; prompts of Figs. 21-22).
 
-Two rule sets for the teacher's output (spec opensir.md §4.5, §5.1, §13 items 2 and 10):
+Two rule sets for the teacher's output (OpenSIR §2.3.1 and Fig. 21, and its released code):
 
 - ``"paper"``: valid when a problem tag and a concepts tag with one to three concepts are present;
   the problem tag is ``<problem>`` (Fig. 21) or ``<question>`` (the tag §2.3.1 names).
@@ -14,7 +14,7 @@ Concepts are lowercased and stripped under both rule sets (so counts of unique c
 
 The student's format (Eq. 6, score_fom^S): ``"boxed"`` (paper §2.3.2: the answer is in
 ``\\boxed{}``) or ``"phrase"`` (the code: the line ``Therefore, the final answer is: $\\boxed{..}$``,
-with the dollar signs optional as the spec recommends, §13 item 16).
+with the dollar signs optional).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """OpenSIR's diversity and novelty scores (Eqs. 4, 5, 10) and its sample selection (Algorithm 1, lines 15-16).
 
-Diversity of a new problem q against the pool P_{t-1} (spec opensir.md §4.4, §13 item 5), three variants:
+Diversity of a new problem q against the pool P_{t-1} (OpenSIR §2.3.1, Eqs. 4 and 10), three variants:
 
 - ``"min_pool"`` (paper, Eq. 4): min over the pool of the cosine distance 1 - cos(e_q, e_q'); in [0, 2].
 - ``"top5_batch_and_pool"`` (released code): m = mean of the 5 largest cosine similarities of q to the

@@ -1,11 +1,11 @@
-"""PasoDoble's proposer reward pieces (paper §3; spec pasodoble.md §4): Jaccard-history diversity, the gated
+"""PasoDoble's proposer reward pieces (arXiv:2511.11881 §3.3): Jaccard-history diversity, the gated
 difficulty reward and the code's answer-leak check.
 
-- Diversity (§4.4): r_div(q) = 1 - |{h in H : Jaccard(Tok(q), Tok(h)) > tau_sim}| / |H| over the last |H| questions;
+- Diversity (§3.3): r_div(q) = 1 - |{h in H : Jaccard(Tok(q), Tok(h)) > tau_sim}| / |H| over the last |H| questions;
   1 for an empty history; two empty token sets count as similar (Jaccard 1).
-- Reward (§4.5): r_p = (offset - p) + w * r_div if p > tau_low and r_div passes the gate (paper: r_div >= tau_div;
+- Reward (§3.3): r_p = (offset - p) + w * r_div if p > tau_low and r_div passes the gate (paper: r_div >= tau_div;
   code: r_div > tau_div), else 0.
-- Leak check (§4.6, code only): p is set to 0 when the question or the answer is missing, the question is a substring
+- Leak check (released code only): p is set to 0 when the question or the answer is missing, the question is a substring
   of the answer, the question contains ``\\boxed``, or the answer occurs in the question (``raw``: plain substring, as
   the code; ``word``: not inside a longer word or number, so answer 2 does not leak through "12").
 """
@@ -22,7 +22,7 @@ DiversityGate = Literal["ge", "gt"]
 
 
 def jaccard(a: frozenset[int] | set[int], b: frozenset[int] | set[int]) -> float:
-    """|a ∩ b| / |a ∪ b|; 1 for two empty sets (spec §4.4)."""
+    """|a ∩ b| / |a ∪ b|; 1 for two empty sets (our convention)."""
     if not a and not b:
         return 1.0
     return len(a & b) / len(a | b)
@@ -37,13 +37,13 @@ def history_diversity(tokens: frozenset[int], history: Sequence[frozenset[int]],
 
 def proposer_reward(p: float, r_div: float, *, tau_low: float = 0.2, w: float = 0.2, tau_div: float = 0.3,
                     offset: float = 1.1, gate: DiversityGate = "ge") -> float:
-    """r_p (§4.5): difficulty offset - p plus w * r_div when p > tau_low and r_div passes tau_div, else 0."""
+    """r_p (§3.3): difficulty offset - p plus w * r_div when p > tau_low and r_div passes tau_div, else 0."""
     diverse = r_div >= tau_div if gate == "ge" else r_div > tau_div
     return (offset - p) + w * r_div if p > tau_low and diverse else 0.0
 
 
 def leaks_answer(question: str | None, answer: str | None, mode: LeakMode = "raw") -> bool:
-    """The code's pre-check on (q, a*) (§4.6): True means the pair is invalid and its pass rate becomes 0."""
+    """The released code's pre-check on (q, a*): True means the pair is invalid and its pass rate becomes 0."""
     if mode == "off":
         return not question or not answer
     if not question or not answer:
@@ -56,7 +56,7 @@ def leaks_answer(question: str | None, answer: str | None, mode: LeakMode = "raw
 
 
 class JaccardHistory:
-    """H: a FIFO of the token sets of the last ``size`` proposed questions (§2.5)."""
+    """H: a FIFO of the token sets of the last ``size`` proposed questions (§3.3)."""
 
     def __init__(self, size: int = 100):
         self.items: deque[frozenset[int]] = deque(maxlen=size)

@@ -4,9 +4,9 @@ Because the sum includes S(x, x) = 1, R_d lies in [1/K, 1] and equals 1 exactly 
 
 - Question diversity R_dq (Eq. 10) uses S_q (Eq. 11), the *positional* token-overlap ratio over the shorter length:
   tokens are compared at the same index (prefix-aligned), not as bags or n-grams. A strict prefix of another question
-  has similarity 1; an empty question has similarity 0 with every other question (spec §4.7).
+  has similarity 1; an empty question has similarity 0 with every other question (our convention for Eq. 10).
 - Answer diversity R_da (Eq. 12) uses the answer equivalence S_a: 1 / (number of majority answers in the batch
-  equivalent to this one). Missing labels (None) form one shared class (spec §13 item 4), so questions without an
+  equivalent to this one). Missing labels (None) form one shared class (our reading), so questions without an
   answer penalise each other rather than each scoring 1.
 - :func:`malformed_floor` (our reading, not the paper's): an output with no question gets the batch minimum of a
   diversity term; its empty text resembles nothing, so Eq. 10 would otherwise give it the largest R_dq of the batch.

@@ -1,4 +1,4 @@
-r"""R-Zero's questioner reward and solver-pool filter (spec prism.md §4.8, §3 lines 8-9; [RZ] paper and code).
+r"""R-Zero's questioner reward and solver-pool filter (arXiv:2508.05004, as Prism §3 describes it, and R-Zero's code).
 
 - :func:`uncertainty_reward`: r_unc(q) = 1 - 2|p(q) - 1/2|, peaking at p = 1/2 (p = the solver's majority agreement).
 - :func:`bleu_distance_matrix` / :func:`repetition_penalty`: pairwise distance d_ij = 1 - BLEU(q_i, q_j) over the
@@ -88,8 +88,8 @@ def in_band(p: float, low: float, high: float) -> bool:
 
 def pool_filter_reasons(question: str, label: str | None, english_proofs: bool = True) -> list[str]:
     """Why R-Zero's pool drops a labelled question: ``no_answer`` (no majority answer, or the string "None"),
-    ``proof`` (the question contains "证明"; with ``english_proofs`` also "prove" / "show that", the spec's addition,
-    §13 #15, which neither released code applies), ``box`` (the question mentions a box) or ``text_answer`` (the
+    ``proof`` (the question contains "证明"; with ``english_proofs`` also "prove" / "show that", from
+    R-Zero's paper, which neither released code applies), ``box`` (the question mentions a box) or ``text_answer`` (the
     answer contains "text"). The box and text checks ignore case: R-Zero's code lower-cases both strings first."""
     reasons = []
     if label is None or label.strip() in ("", "None"):

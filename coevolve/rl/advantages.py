@@ -8,9 +8,8 @@ unequal sizes. Results are float64 numpy arrays aligned with the input.
 Conventions shared by all estimators:
 
 - **Standard deviation.** ``unbiased=True`` (the default) uses the sample std with Bessel's correction (n - 1), as
-  ``torch.std`` does in TRL's and verl's GRPO and as the released code of every method here does (INFUSER spec §4.11 /
-  §13 item 5, Dynamic RL spec §13 item 6, OpenSIR §4.8, PasoDoble §3.5, Prism §4.2). ``unbiased=False`` gives the
-  population std (divide by n). A group of size 1 has std 0 under both conventions.
+  ``torch.std`` does in TRL's and verl's GRPO and as every method's released code here does. ``unbiased=False``
+  gives the population std (divide by n). A group of size 1 has std 0 under both conventions.
 - **Zero-variance groups** (all rewards exactly equal, tested as max == min so float round-off cannot leak through)
   get an advantage of exactly 0 from every estimator.
 - **eps** only guards the division. The specs use 1e-6 (verl, INFUSER) or 1e-4 (TRL: OpenSIR, PasoDoble).
@@ -85,7 +84,7 @@ def grpo_advantages(rewards: ArrayLike, groups: ArrayLike, eps: float = 1e-6, un
 
 
 def dr_grpo_advantages(rewards: ArrayLike, groups: ArrayLike) -> np.ndarray:
-    """Dr.GRPO advantage A_i = r_i - mean_g (mean baseline, no std scaling; INFUSER's solver advantage, §4.10)."""
+    """Dr.GRPO advantage A_i = r_i - mean_g (mean baseline, no std scaling; INFUSER's solver advantage, §2.3)."""
     return _group_stats(rewards, groups, unbiased=True).centred
 
 
@@ -119,8 +118,8 @@ def batch_norm_advantages(
     """INFUSER's ``batch_std`` ablation (eq. 2.15, A_BN): A = (s_k - mu_d) / (sigma_B + eps).
 
     This is the paper's version, with sigma_B defined exactly as in :func:`dugrpo_advantages`. The released code's
-    ``batch_std`` mode divides instead by the std of all group-centred scores pooled over the batch (spec §13 item 6);
-    the spec recommends the paper's form.
+    ``batch_std`` mode divides instead by the std of all group-centred scores pooled over the batch;
+    we keep the paper's form.
     """
     s = _group_stats(rewards, groups, unbiased)
     sigma_b = _batch_sigma(s, include_zero_variance_in_sigma_b)

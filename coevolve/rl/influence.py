@@ -1,4 +1,4 @@
-"""INFUSER's optimizer-aware influence score, computed by streaming (paper §2.2-2.3, App. D; spec §4.6-4.12).
+"""INFUSER's optimizer-aware influence score, computed by streaming (paper §2.2-2.3, App. D).
 
 For a generated question (q, a_φ) with solver rollouts a^1..a^n and mean-centred advantages, the score is
 
@@ -8,8 +8,8 @@ For a generated question (q, a_φ) with solver rollouts a^1..a^n and mean-centre
 
 with v, β2, eps the solver AdamW's live ``exp_avg_sq`` and constants, and t = (optimizer steps taken) + 1. The
 optimizer state is only read. Before the first step the state is empty: v = 0, t = 1, so Γ̂ = ĝ / (|ĝ| + eps),
-about sign(ĝ) (spec §13 item 3). eps sits outside the root, as in torch's AdamW and the paper's App. D.3 (the
-typeset D.4 has it inside; spec §13 item 2). ``precondition=False`` is the ``sgd_cosine`` ablation: Γ̂ = ĝ.
+about sign(ĝ) (as the released code). eps sits outside the root, as in torch's AdamW and the paper's App. D.3 (the
+typeset D.4 has it inside). ``precondition=False`` is the ``sgd_cosine`` ablation: Γ̂ = ĝ.
 
 Streaming (App. D.3): one question at a time, its gradient goes into the parameters' ``.grad`` buffers (zeroed and
 reused), and Γ̂ is formed chunk by chunk of each parameter, accumulating only three scalars ⟨Γ̂, ĝ_dev⟩, ‖Γ̂‖² and
@@ -18,11 +18,11 @@ temporaries; no per-question parameter-sized tensor is kept. Its cost is one for
 old log-probs are the current ones, θ = θ_old, so the ratio is 1 and no extra forward is needed) plus an elementwise
 pass over the parameters per question.
 
-Norms are clamped at 1e-12 (spec §4.7); a zero gradient scores 0.
+Norms are clamped at 1e-12; a zero gradient scores 0.
 
 Diagnostics (is the score signal or noise?): :func:`dev_gradient` also returns the cosine between the dev gradients of
 two disjoint halves of the dev set (how reproducible ĝ_dev is), and :func:`one_step_dev_gains` the change in dev reward
-after one real update on a single question, which ŝ approximates to first order (the validity check of spec §12.2).
+after one real update on a single question, which ŝ approximates to first order (our validity check).
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def one_step_dev_gains(trainer: PolicyTrainer, questions: Sequence[Sequence[Trai
                        dev: Sequence[TrainSample], dev_rollouts: int) -> list[float]:
     """For each question, the change in mean dev reward after one real solver update on its rollouts alone.
 
-    The paper's validity check of ŝ (spec §12.2: ŝ is the first-order term of this change). The change is estimated
+    A validity check of ŝ (ŝ is the first-order term of this change). The change is estimated
     on dev rollouts sampled from the current solver π_θ by importance weighting,
 
         ΔĴ ≈ (1 / dev_rollouts) Σ_i A_i (π_θ'(a_i | q_i) / π_θ(a_i | q_i) - 1),    A_i = r_i - mean of its group,

@@ -13,7 +13,7 @@ then aggregated over completion tokens (``agg``):
 - ``"seq_mean"`` (GRPO): mean over each sequence's tokens, then mean over sequences.
 - ``"token_sum_norm"`` (Dr.GRPO; INFUSER eq. 2.10 with 1/C): sum over each sequence's tokens / C, then mean over
   sequences. C = ``norm_constant``, default T = mask.shape[1]; pass the configured max generation length to make it a
-  true constant. C = 1 gives Dynamic RL's literal "sequence log-likelihood, mean over samples" (spec §13 item 9).
+  true constant. C = 1 gives Dynamic RL's literal "sequence log-likelihood, mean over samples" (Dynamic RL Eq. 14).
 - ``"token_mean"`` (DAPO; the released INFUSER and OpenSIR code): sum of all token losses / number of tokens.
 
 Micro-batching. When the trainer splits a mini-batch into micro-batches and accumulates gradients, pass the mini-batch

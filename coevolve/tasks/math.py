@@ -4,18 +4,18 @@ The prompt is the Qwen2.5-Math instruction appended to the question as the user 
 works through ``Policy.format_prompt`` (which takes a single user message) and for models
 without a chat template alike. Evaluation and every recipe's solver use this template.
 
-Where the papers differ (see ``shared/spec/*.md``, section 5):
+Where the papers differ (their prompt figures and appendices):
 
-- dynamic_rl: the solver template is not given; the spec recommends this instruction as the
-  *system* message with the question as the user message (dynamic_rl.md §5, [inferred]).
+- dynamic_rl: the solver template is not given; we use this instruction as the
+  *system* message with the question as the user message (Dynamic RL §2 "Prompt"; the split is inferred).
 - prism / R-Zero: the same instruction as the system message, the raw question as the user
-  message; plain ``system: ...\\nuser: ...`` text without a chat template (prism.md §5).
+  message; plain ``system: ...\\nuser: ...`` text without a chat template (Prism's code).
 - pasodoble: paper Fig. 12 uses the same instruction as the system message; the released code
-  asks for ``<answer>`` tags instead (pasodoble.md §5.2).
+  asks for ``<answer>`` tags instead (PasoDoble App. I).
 - opensir: a system prompt that asks for the last line to read
-  ``Therefore, the final answer is: $\\boxed{ANSWER}$`` (opensir.md §5.2).
+  ``Therefore, the final answer is: $\\boxed{ANSWER}$`` (OpenSIR Fig. 22).
 - infuser: a system persona plus "Solve the following problem step by step", an IMPORTANT line
-  asking for the answer in ``\\boxed{}`` and "Now solve the problem:" (infuser.md §5.4).
+  asking for the answer in ``\\boxed{}`` and "Now solve the problem:" (INFUSER App. F.4).
 
 All of them end with the answer in ``\\boxed{}``, which is what :func:`parse_answer` reads.
 """

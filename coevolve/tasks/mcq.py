@@ -1,15 +1,15 @@
 """Multiple choice: the one solver prompt, the answer parser and the grader.
 
 The question is rendered as INFUSER renders it (``Question: <text>`` then one ``A) <choice>``
-line per choice, infuser.md §5.3), followed by an instruction to reason and put only the
+line per choice, INFUSER App. F.4), followed by an instruction to reason and put only the
 letter in ``\\boxed{}``. INFUSER additionally uses a system persona, "Solve the following
 multiple choice question step by step." before the question and an IMPORTANT line with an
 example ``\\boxed{<letter>}``; ``Policy.format_prompt`` takes one user message, so the
 instruction lives in the user turn here. PasoDoble evaluates GPQA / SuperGPQA 0-shot with its
-math solver prompt (pasodoble.md §8.1); the other papers have no MCQ evaluation.
+math solver prompt (PasoDoble §4); the other papers have no MCQ evaluation.
 
 INFUSER's paper parses the *first* ``\\boxed{}`` at evaluation and its code the *last* during
-training (infuser.md §6.2); :func:`parse_answer` follows ``coevolve.grading.extract_choice``.
+training (INFUSER App. F.4: the first \\boxed{} span); :func:`parse_answer` follows ``coevolve.grading.extract_choice``.
 """
 
 from __future__ import annotations
