@@ -21,9 +21,7 @@ from coevolve.data.benchmarks import EvalItem, load_benchmark
 from coevolve.evaluation.metrics import accuracy, avg_at_k, default_ks, mean_pass_at_k
 from coevolve.jsonio import atomic_write_text
 from coevolve.rollout.base import Completion, RolloutEngine, SamplingParams
-from coevolve.tasks import arith
-from coevolve.tasks import math as math_task
-from coevolve.tasks import mcq as mcq_task
+from coevolve.tasks.registry import task_for
 
 
 @dataclass(frozen=True)
@@ -66,48 +64,25 @@ def _arith_style(policy: Any) -> str:
 
 def build_prompt(item: EvalItem, policy: Any) -> str:
     """The full prompt for one item: its task's solver message, in the policy's chat template."""
-    if item.kind == "math":
-        message = math_task.solver_prompt(item.question)
-    elif item.kind == "mcq":
-        message = mcq_task.solver_prompt(item.question, item.choices or ())
-    elif item.kind == "arith":
-        message = arith.solver_prompt(item.question, style=_arith_style(policy))
-    else:
-        raise ValueError(f"unknown answer type {item.kind!r} for {item.id}")
-    return policy.format_prompt(message)
+    return policy.format_prompt(task_for(item).item_prompt(item, _arith_style(policy)))
 
 
 def parse_completion(item: EvalItem, text: str, policy: Any) -> str | None:
     """The answer a completion gives for ``item``, or None."""
-    if item.kind == "math":
-        return math_task.parse_answer(text)
-    if item.kind == "mcq":
-        return mcq_task.parse_answer(text, len(item.choices or ()))
-    if item.kind == "arith":
-        return arith.parse_answer(text, _arith_style(policy))
-    raise ValueError(f"unknown answer type {item.kind!r} for {item.id}")
-
-
-def _same_integer(pred: str | None, gold: str) -> bool:
-    try:
-        return pred is not None and int(pred.strip()) == int(gold)
-    except ValueError:
-        return False
+    return task_for(item).item_answer(item, text, _arith_style(policy))
 
 
 def grade_answers(items: Sequence[EvalItem], preds: Sequence[str | None], timeout_s: float = 5.0) -> list[bool]:
-    """Correctness of each prediction against its item's gold answer (math checks run as one batch)."""
+    """Correctness of each prediction against its item's gold answer, graded by its task (one batch per task)."""
     correct = [False] * len(items)
-    math_rows = [i for i, it in enumerate(items) if it.kind == "math"]
-    if math_rows:
-        verdicts = math_task.grade([preds[i] for i in math_rows], [items[i].answer for i in math_rows], timeout_s)
-        for i, ok in zip(math_rows, verdicts):
-            correct[i] = ok
+    rows: dict[str, list[int]] = defaultdict(list)
     for i, item in enumerate(items):
-        if item.kind == "mcq":
-            correct[i] = mcq_task.grade([preds[i]], [item.answer])[0]
-        elif item.kind == "arith":
-            correct[i] = _same_integer(preds[i], item.answer)
+        rows[task_for(item).name].append(i)
+    for indices in rows.values():
+        task = task_for(items[indices[0]])
+        verdicts = task.grade([preds[i] for i in indices], [items[i].answer for i in indices], timeout_s)
+        for i, ok in zip(indices, verdicts):
+            correct[i] = ok
     return correct
 
 

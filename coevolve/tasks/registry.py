@@ -1,7 +1,8 @@
-"""Tasks as recipes see them: prompts, answer parsing, ground-truth grading, training problems, oracle.
+"""Tasks as recipes and evaluation see them: prompts, answer parsing, ground-truth grading, training problems, oracle.
 
 ``arith`` is the toy world with an exact checker; ``math`` is free-form answers in ``\\boxed{}``
-(training problems from GSM8K train). A recipe only calls the methods of ``Task``.
+(training problems from GSM8K train); ``mcq`` (evaluation only) is a lettered choice in ``\\boxed{}``. A recipe only
+calls the methods of ``Task``; the evaluation harness reaches an item's task with :func:`task_for`.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from coevolve.data.benchmarks import load_benchmark
+from coevolve.data.benchmarks import EvalItem, load_benchmark
 from coevolve.tasks import arith
+from coevolve.tasks import math as math_task
+from coevolve.tasks import mcq as mcq_task
 
 
 class TaskDataError(RuntimeError):
@@ -51,6 +54,17 @@ class Task:
         """Exact-checker facts for analytics (toy world only; None elsewhere). Never a training reward."""
         return None
 
+    # --- evaluation items (coevolve.evaluation.harness) ---
+    def item_prompt(self, item: EvalItem, style: str) -> str:
+        return self.solver_prompt(item.question, None, style)
+
+    def item_answer(self, item: EvalItem, completion: str, style: str) -> str | None:
+        return self.parse_answer(completion, style)
+
+    def grade(self, preds: Sequence[str | None], golds: Sequence[str], timeout_s: float) -> list[bool]:
+        """Evaluation grading of a batch of extracted answers against gold answers."""
+        return [self.is_correct(p, g) for p, g in zip(preds, golds)]
+
 
 def _as_int(text: str | None) -> int | None:
     if text is None:
@@ -74,6 +88,10 @@ class ArithTask(Task):
         value = _as_int(answer)
         return value is not None and value == _as_int(gold)
 
+    def grade(self, preds, golds, timeout_s):
+        """Evaluation asks for the integer as written (no thousands separators)."""
+        return [_same_integer(p, g) for p, g in zip(preds, golds)]
+
     def training_problems(self, rng, n, *, levels: Sequence[int] = (1, 2, 3), grounded: bool = False, **_):
         return [Problem(p.question, str(p.answer), p.doc, p.level)
                 for p in arith.sample_problems(n, rng, levels=levels, grounded=grounded)]
@@ -95,14 +113,13 @@ class MathTask(Task):
         self._train: list[Problem] | None = None
 
     def solver_prompt(self, question, doc, style):
-        from coevolve.tasks import math as math_task
-
         return math_task.solver_prompt(question)
 
     def parse_answer(self, completion, style):
-        from coevolve.tasks import math as math_task
-
         return math_task.parse_answer(completion)
+
+    def grade(self, preds, golds, timeout_s):
+        return math_task.grade(preds, golds, timeout_s)
 
     def is_correct(self, answer, gold):
         from coevolve.grading.equivalence import answers_equivalent
@@ -116,6 +133,38 @@ class MathTask(Task):
             if not self._train:
                 raise TaskDataError(f"the math training split {split!r} is empty")
         return rng.sample(self._train, min(n, len(self._train)))
+
+
+class MCQTask(Task):
+    """Multiple choice, evaluation only: the item's choices shape its prompt and which letters parse."""
+
+    name = "mcq"
+
+    def item_prompt(self, item, style):
+        return mcq_task.solver_prompt(item.question, item.choices or ())
+
+    def item_answer(self, item, completion, style):
+        return mcq_task.parse_answer(completion, len(item.choices or ()))
+
+    def grade(self, preds, golds, timeout_s):
+        return mcq_task.grade(preds, golds)
+
+
+def _same_integer(pred: str | None, gold: str) -> bool:
+    try:
+        return pred is not None and int(pred.strip()) == int(gold)
+    except ValueError:
+        return False
+
+
+_EVAL_TASKS: dict[str, Task] = {"arith": ArithTask(), "math": MathTask(), "mcq": MCQTask()}
+
+
+def task_for(item: EvalItem) -> Task:
+    """The task that prompts, parses and grades an evaluation item (by its answer type)."""
+    if item.kind not in _EVAL_TASKS:
+        raise ValueError(f"unknown answer type {item.kind!r} for {item.id}")
+    return _EVAL_TASKS[item.kind]
 
 
 def get_task(name: str, data_dir: str | None = None) -> Task:
