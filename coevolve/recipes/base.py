@@ -187,6 +187,13 @@ class Recipe:
                                             params or self.solver_sampling, seed)
         return [flat[i * group_size:(i + 1) * group_size] for i in range(len(prompts))]
 
+    def solve_groups(self, policy: Policy, prompts: Sequence[str], n: int,
+                     seed: int) -> list[tuple[list[Completion], list[str | None]]]:
+        """``n`` solver rollouts per prompt (:meth:`sample_groups`) with the answer each gives, parsed by the run's
+        task (``self.task``) in ``policy``'s prompt style: one (completions, answers) pair per prompt."""
+        groups = self.sample_groups(policy, prompts, n, seed)
+        return [(group, [self.task.parse_answer(c.text, policy.prompt_style) for c in group]) for group in groups]
+
 
 def train_samples(completions: Sequence[Completion], advantages: Sequence[float], role: str) -> list[TrainSample]:
     """Pair each completion with its advantage for the policy update."""

@@ -201,8 +201,9 @@ class DynamicRL(GeneratorRecipe):
         self.watch_format(step, len(posed), len(questions))
         with timer("solve"):  # line 4: m solutions from pi(.|q, z_q) per question
             prompts = [self.policy.format_prompt(self.task.solver_prompt(q.text, None, self.style)) for q in posed]
-            for q, group in zip(posed, self.sample_groups(self.policy, prompts, p.m, step_seed(seed, step, "solve"))):
-                q.solutions, q.answers = group, [self.task.parse_answer(s.text, self.style) for s in group]
+            for q, (solutions, answers) in zip(posed, self.solve_groups(self.policy, prompts, p.m,
+                                                                        step_seed(seed, step, "solve"))):
+                q.solutions, q.answers = solutions, answers
         with timer("reward"):
             for q in posed:
                 q.vote = majority_vote(q.answers, self.equivalent)  # line 5: l(q), r(q) (Eq. 4, 5)

@@ -86,12 +86,11 @@ class GRPO(Recipe):
         prompts = [self.policy.format_prompt(self.task.solver_prompt(q.question, q.doc, self.policy.prompt_style))
                    for q in problems]
         with timer("solve"):
-            groups = self.sample_groups(self.policy, prompts, p.group_size,
-                                        step_seed(self.config.seed, step, "solve"))
+            solved = self.solve_groups(self.policy, prompts, p.group_size, step_seed(self.config.seed, step, "solve"))
         with timer("reward"):
-            completions = [c for group in groups for c in group]
-            group_ids = [g for g, group in enumerate(groups) for _ in group]
-            answers = [self.task.parse_answer(c.text, self.policy.prompt_style) for c in completions]
+            completions = [c for group, _ in solved for c in group]
+            group_ids = [g for g, (group, _) in enumerate(solved) for _ in group]
+            answers = [a for _, group_answers in solved for a in group_answers]
             rewards = [float(self.task.is_correct(a, problems[g].answer)) for a, g in zip(answers, group_ids)]
             advantages = compute_advantages(p.advantage, rewards, group_ids)
             keep = (nonzero_variance_mask(rewards, group_ids) if p.drop_zero_variance

@@ -353,9 +353,9 @@ class Infuser(GeneratorRecipe):
         if not questions:
             return
         prompts = [self.solver_prompt(x.question, x.doc if self.arith else None) for x in questions]
-        for x, group in zip(questions, self.sample_groups(self.solver_policy, prompts, self.params.group_size, seed)):
-            x.solutions = group
-            x.answers = [self.task.parse_answer(c.text, self.style) for c in group]
+        for x, (group, answers) in zip(questions, self.solve_groups(self.solver_policy, prompts, self.params.group_size,
+                                                                    seed)):
+            x.solutions, x.answers = group, answers
             x.rewards = [float(a is not None and self.task.is_correct(a, x.key)) for a in x.answers]
             x.solver_advantages = [float(a) for a in dr_grpo_advantages(x.rewards, [0] * len(group))]
 

@@ -389,9 +389,9 @@ class PasoDoble(GeneratorRecipe):
         prompts = [self.solver_policy.format_prompt(self.task.solver_prompt(x.question, self.solver_doc(x.passage),
                                                                               self.style)) for x in proposals]
         rng = random.Random(seed)
-        for x, group in zip(proposals, self.sample_groups(self.solver_policy, prompts, self.params.solutions, seed)):
-            x.solutions = group
-            x.solver_answers = [self.task.parse_answer(s.text, self.style) for s in group]
+        for x, (group, answers) in zip(proposals, self.solve_groups(self.solver_policy, prompts, self.params.solutions,
+                                                                    seed)):
+            x.solutions, x.solver_answers = group, answers
             x.solver_rewards = [self.solver_reward(a, x.answer, rng) for a in x.solver_answers]
             x.p_raw = mean(x.solver_rewards)
             x.solver_advantages = [float(a) for a in (

@@ -349,9 +349,9 @@ class RZero(GeneratorRecipe):
         if batch:
             prompts = [self.solver_prompt(item.question) for item in batch]
             with timer("solve"):
-                groups = self.sample_groups(self.solver_policy, prompts, p.solver_group, step_seed(seed, step, "solve"))
+                solved = self.solve_groups(self.solver_policy, prompts, p.solver_group, step_seed(seed, step, "solve"))
             with timer("reward"):
-                answers = [[self.task.parse_answer(c.text, self.style) for c in group] for group in groups]
+                groups, answers = [group for group, _ in solved], [group_answers for _, group_answers in solved]
                 terms = [[self.solver_terms(c, a, item.label) for c, a in zip(group, group_answers)]
                          for item, group, group_answers in zip(batch, groups, answers)]
                 rewards = [(1 - p.solver_format_weight) * x["agree"] + p.solver_format_weight * x["format"]
@@ -421,9 +421,9 @@ class RZero(GeneratorRecipe):
     def label(self, questions: list[Question], samples: int, seed: int, denominator: str) -> None:
         """Majority answer and p(q) (share of samples agreeing with it) of every valid question."""
         valid = [q for q in questions if q.text is not None]
-        groups = self.sample_groups(self.solver_policy, [self.solver_prompt(q.text) for q in valid], samples, seed)
-        for q, group in zip(valid, groups):
-            q.answers = [self.task.parse_answer(c.text, self.style) for c in group]
+        solved = self.solve_groups(self.solver_policy, [self.solver_prompt(q.text) for q in valid], samples, seed)
+        for q, (group, answers) in zip(valid, solved):
+            q.answers = answers
             q.solver_tokens = sum(len(c.token_ids) for c in group)
             q.vote = majority_vote(q.answers, self.vote_equivalence)
             q.p = q.vote.p if denominator == "all" else (q.vote.support / q.vote.n_valid if q.vote.n_valid else 0.0)
