@@ -43,6 +43,7 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
+from coevolve.records import generator_row, solver_row
 from coevolve.rewards.difficulty import tent_reward
 from coevolve.rewards.filters import FILTER_RULES, filter_reasons
 from coevolve.rewards.similarity import answer_diversity, malformed_floor, question_diversity
@@ -311,19 +312,15 @@ class DynamicRL(GeneratorRecipe):
         rows: list[dict[str, Any]] = []
         for i, q in enumerate(questions):
             qid, answer = f"s{step}-q{i}", q.parsed.answer if q.parsed else None
-            rows.append({
-                "step": step, "iteration": None, "role": "generator", "phase": "generate", "prompt": q.output.prompt,
-                "completion": q.output.text, "question": q.text, "question_id": qid, "valid": q.text is not None,
-                "filtered": q.filtered, "answer": answer, "label": q.label, "label_source": "majority",
-                "support": q.vote.support if q.vote else 0, "solve_rate": q.solve_rate if q.vote else None,
-                "reward": self.question_reward(q), "reward_terms": q.rewards, "advantage": q.advantage,
-                "tokens": len(q.output.token_ids), "oracle": self.task.oracle(q.text, None, answer, q.label),
-            })
-            rows += [{
-                "step": step, "iteration": None, "role": "solver", "phase": "solve", "prompt": s.prompt,
-                "completion": s.text, "question": q.text, "question_id": qid, "valid": True, "answer": a,
-                "label": q.label, "label_source": "majority", "solve_rate": q.solve_rate, "reward": r,
-                "reward_terms": {"R_s": r}, "advantage": adv, "tokens": len(s.token_ids),
-                "oracle": self.task.oracle(q.text, None, a, q.label),
-            } for s, a, r, adv in zip(q.solutions, q.answers, q.solution_rewards, q.solution_advantages)]
+            rows.append(generator_row(
+                step, None, "generate", q.output, question=q.text, question_id=qid, valid=q.text is not None,
+                filtered=q.filtered, answer=answer, label=q.label, label_source="majority",
+                support=q.vote.support if q.vote else 0, solve_rate=q.solve_rate if q.vote else None,
+                reward=self.question_reward(q), reward_terms=q.rewards, advantage=q.advantage,
+                oracle=self.task.oracle(q.text, None, answer, q.label)))
+            rows += [solver_row(
+                step, None, "solve", s, question=q.text, question_id=qid, answer=a, label=q.label,
+                label_source="majority", solve_rate=q.solve_rate, reward=r, reward_terms={"R_s": r}, advantage=adv,
+                oracle=self.task.oracle(q.text, None, a, q.label),
+            ) for s, a, r, adv in zip(q.solutions, q.answers, q.solution_rewards, q.solution_advantages)]
         return rows

@@ -30,6 +30,7 @@ from coevolve.recipes.base import (
     step_seed,
     train_samples,
 )
+from coevolve.records import solver_row
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
 from coevolve.tasks.registry import get_task
 
@@ -98,13 +99,12 @@ class GRPO(Recipe):
         with timer("update_solver"):
             stats = self.trainer.update(train_samples([c for c, k in zip(completions, keep) if k],
                                                       [a for a, k in zip(advantages, keep) if k], "solver"))
-        records = [{
-            "step": step, "iteration": None, "role": "solver", "phase": "solve", "prompt": c.prompt,
-            "completion": c.text, "question": problems[g].question, "question_id": f"s{step}-q{g}", "valid": True,
-            "answer": a, "label": problems[g].answer, "label_source": "ground_truth", "solve_rate": None,
-            "reward": r, "reward_terms": {"correct": r}, "advantage": float(adv), "tokens": len(c.token_ids),
-            "oracle": self.task.oracle(problems[g].question, problems[g].doc, a, problems[g].answer),
-        } for c, g, a, r, adv in zip(completions, group_ids, answers, rewards, advantages)]
+        records = [solver_row(
+            step, None, "solve", c, question=problems[g].question, question_id=f"s{step}-q{g}", answer=a,
+            label=problems[g].answer, label_source="ground_truth", solve_rate=None, reward=r,
+            reward_terms={"correct": r}, advantage=float(adv),
+            oracle=self.task.oracle(problems[g].question, problems[g].doc, a, problems[g].answer),
+        ) for c, g, a, r, adv in zip(completions, group_ids, answers, rewards, advantages)]
         return StepOutput(
             metrics={"solver/reward_mean": mean(rewards), "reward/correct": mean(rewards),
                      "solver/advantage_abs_mean": mean([abs(float(a)) for a, k in zip(advantages, keep) if k]),

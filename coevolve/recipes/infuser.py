@@ -49,6 +49,7 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
+from coevolve.records import generator_row, solver_row
 from coevolve.rl.advantages import compute_advantages, dr_grpo_advantages, nonzero_variance_mask
 from coevolve.rl.influence import DevGradient, dev_gradient, influence_scores, one_step_dev_gains
 from coevolve.rl.trainer import RoleUpdate, TrainSample
@@ -406,20 +407,15 @@ class Infuser(GeneratorRecipe):
         rows = []
         for i, x in enumerate(generated):
             qid, doc = f"s{step}-q{i}", x.doc if self.arith else None
-            rows.append({
-                "step": step, "iteration": None, "role": "generator", "phase": "generate", "prompt": x.output.prompt,
-                "completion": x.output.text, "question": x.question, "question_id": qid, "valid": x.valid,
-                "document": x.doc, "answer": x.key, "label": x.key, "label_source": "generator",
-                "solve_rate": mean(x.rewards) if x.rewards else None, "reward": x.reward,
-                "reward_terms": {"influence": x.influence, "grad_norm": x.grad_norm, "invalid": not x.valid},
-                "advantage": x.advantage, "in_update": x.in_update, "tokens": len(x.output.token_ids),
-                "oracle": self.task.oracle(x.question, doc, x.key, x.key),
-            })
-            rows += [{
-                "step": step, "iteration": None, "role": "solver", "phase": "solve", "prompt": c.prompt,
-                "completion": c.text, "question": x.question, "question_id": qid, "valid": True, "answer": a,
-                "label": x.key, "label_source": "generator", "solve_rate": mean(x.rewards), "reward": r,
-                "reward_terms": {"agree": r}, "advantage": adv, "trained": x.informative, "tokens": len(c.token_ids),
-                "oracle": self.task.oracle(x.question, doc, a, x.key),
-            } for c, a, r, adv in zip(x.solutions, x.answers, x.rewards, x.solver_advantages)]
+            rows.append(generator_row(
+                step, None, "generate", x.output, question=x.question, question_id=qid, valid=x.valid,
+                document=x.doc, answer=x.key, label=x.key, label_source="generator",
+                solve_rate=mean(x.rewards) if x.rewards else None, reward=x.reward,
+                reward_terms={"influence": x.influence, "grad_norm": x.grad_norm, "invalid": not x.valid},
+                advantage=x.advantage, in_update=x.in_update, oracle=self.task.oracle(x.question, doc, x.key, x.key)))
+            rows += [solver_row(
+                step, None, "solve", c, question=x.question, question_id=qid, answer=a, label=x.key,
+                label_source="generator", solve_rate=mean(x.rewards), reward=r, reward_terms={"agree": r},
+                advantage=adv, trained=x.informative, oracle=self.task.oracle(x.question, doc, a, x.key),
+            ) for c, a, r, adv in zip(x.solutions, x.answers, x.rewards, x.solver_advantages)]
         return rows

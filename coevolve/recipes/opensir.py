@@ -52,6 +52,7 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
+from coevolve.records import generator_row, solver_row
 from coevolve.rewards.difficulty import triangular_solvability
 from coevolve.rewards.format import (
     StudentFormat,
@@ -395,28 +396,22 @@ class OpenSIR(GeneratorRecipe):
         rows = []
         for c in candidates:
             label = c.vote.label if c.vote else None
-            rows.append({
-                "step": step, "iteration": None, "role": "generator", "phase": "generate",
-                "prompt": c.completion.prompt, "completion": c.completion.text, "reference": references[c.group],
-                "question": c.parsed.problem, "question_id": qid[id(c)], "valid": c.parsed.valid,
-                "concepts": list(c.parsed.concepts), "answer": None, "label": label, "label_source": "majority",
-                "solve_rate": c.solve_rate,
-                "mean_solution_tokens": mean([len(s.token_ids) for s in c.solutions]) if c.solutions else None,
-                "reward": c.novelty, "reward_terms": c.terms, "advantage": c.advantage,
-                "selected": c.advantage is not None, "student_selected": id(c) in chosen,
-                "tokens": len(c.completion.token_ids),
-                "oracle": self.task.oracle(c.parsed.problem, None, None, label) if c.parsed.valid else None,
-            })
+            rows.append(generator_row(
+                step, None, "generate", c.completion, reference=references[c.group], question=c.parsed.problem,
+                question_id=qid[id(c)], valid=c.parsed.valid, concepts=list(c.parsed.concepts), answer=None,
+                label=label, label_source="majority", solve_rate=c.solve_rate,
+                mean_solution_tokens=mean([len(s.token_ids) for s in c.solutions]) if c.solutions else None,
+                reward=c.novelty, reward_terms=c.terms, advantage=c.advantage, selected=c.advantage is not None,
+                student_selected=id(c) in chosen,
+                oracle=self.task.oracle(c.parsed.problem, None, None, label) if c.parsed.valid else None))
         for c in student_problems:
             for s, answer, terms, reward, adv in zip(c.solutions, c.answers, c.student_terms, c.student_rewards,
                                                      c.student_advantages):
-                rows.append({
-                    "step": step, "iteration": None, "role": "solver", "phase": "solve", "prompt": s.prompt,
-                    "completion": s.text, "question": c.parsed.problem, "question_id": qid[id(c)], "valid": True,
-                    "answer": answer, "label": c.vote.label, "label_source": "majority", "solve_rate": c.solve_rate,
-                    "reward": reward, "reward_terms": terms, "advantage": adv, "tokens": len(s.token_ids),
-                    "oracle": self.task.oracle(c.parsed.problem, None, answer, c.vote.label),
-                })
+                rows.append(solver_row(
+                    step, None, "solve", s, question=c.parsed.problem, question_id=qid[id(c)], answer=answer,
+                    label=c.vote.label, label_source="majority", solve_rate=c.solve_rate, reward=reward,
+                    reward_terms=terms, advantage=adv,
+                    oracle=self.task.oracle(c.parsed.problem, None, answer, c.vote.label)))
         return rows
 
     def metrics(self, candidates: list[Candidate], valid: list[Candidate], teacher_groups: set[int],

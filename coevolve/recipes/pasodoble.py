@@ -49,6 +49,7 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
+from coevolve.records import generator_row, solver_row
 from coevolve.rewards.pasodoble import DiversityGate, JaccardHistory, LeakMode, leaks_answer, proposer_reward
 from coevolve.rl.advantages import dr_grpo_advantages, grpo_advantages
 from coevolve.rl.trainer import RoleUpdate
@@ -499,24 +500,19 @@ class PasoDoble(GeneratorRecipe):
         rows = []
         for i, x in enumerate(proposals):
             doc = self.solver_doc(x.passage)
-            rows.append({
-                "step": step, "iteration": None, "role": "generator", "phase": "propose", "prompt": x.output.prompt,
-                "completion": x.output.text, "question": x.question, "question_id": f"s{step}-q{i}",
-                "valid": bool(x.question and x.answer), "passage": x.passage, "answer": x.answer, "label": x.answer,
-                "label_source": "proposer", "solve_rate": x.p if x.question else None, "reward": x.reward,
-                "reward_terms": {"p_raw": x.p_raw, "leak": x.leak, "r_div": x.r_div}, "advantage": x.advantage,
-                "retained": self.retained(x.p), "tokens": len(x.output.token_ids),
-                "oracle": self.task.oracle(x.question, doc, x.answer, x.answer),
-            })
+            rows.append(generator_row(
+                step, None, "propose", x.output, question=x.question, question_id=f"s{step}-q{i}",
+                valid=bool(x.question and x.answer), passage=x.passage, answer=x.answer, label=x.answer,
+                label_source="proposer", solve_rate=x.p if x.question else None, reward=x.reward,
+                reward_terms={"p_raw": x.p_raw, "leak": x.leak, "r_div": x.r_div}, advantage=x.advantage,
+                retained=self.retained(x.p), oracle=self.task.oracle(x.question, doc, x.answer, x.answer)))
             rows += self.solver_records(step, x, trained and self.retained(x.p), qid=f"s{step}-q{i}")
         return rows
 
     def solver_records(self, step: int, x: Proposal, trained: bool, qid: str | None = None) -> list[dict[str, Any]]:
         doc = self.solver_doc(x.passage)
-        return [{
-            "step": step, "iteration": None, "role": "solver", "phase": "solve" if qid else "replay",
-            "prompt": s.prompt, "completion": s.text, "question": x.question, "question_id": qid or x.question,
-            "valid": True, "answer": a, "label": x.answer, "label_source": "proposer", "solve_rate": x.p,
-            "reward": r, "reward_terms": {"agree": r}, "advantage": adv, "trained": trained,
-            "tokens": len(s.token_ids), "oracle": self.task.oracle(x.question, doc, a, x.answer),
-        } for s, a, r, adv in zip(x.solutions, x.solver_answers, x.solver_rewards, x.solver_advantages)]
+        return [solver_row(
+            step, None, "solve" if qid else "replay", s, question=x.question, question_id=qid or x.question,
+            answer=a, label=x.answer, label_source="proposer", solve_rate=x.p, reward=r, reward_terms={"agree": r},
+            advantage=adv, trained=trained, oracle=self.task.oracle(x.question, doc, a, x.answer),
+        ) for s, a, r, adv in zip(x.solutions, x.solver_answers, x.solver_rewards, x.solver_advantages)]

@@ -51,6 +51,7 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
+from coevolve.records import generator_row, solver_row
 from coevolve.rewards.uncertainty import (
     BleuTokens,
     RZeroForm,
@@ -435,15 +436,12 @@ class RZero(GeneratorRecipe):
         rows = []
         for i, q in enumerate(questions):
             qid = f"i{t}-pool{i}" if phase == "pool" else f"s{step}-q{i}"
-            rows.append({
-                "step": step, "iteration": t, "role": "generator", "phase": phase, "prompt": q.output.prompt,
-                "completion": q.output.text, "question": q.text, "question_id": qid, "valid": q.text is not None,
-                "answer": q.own_answer, "label": q.label, "label_source": "majority", "solve_rate": q.p,
-                "cluster": q.cluster, "reward": q.reward if phase == "question" else None, "reward_terms": q.terms,
-                "advantage": q.advantage if phase == "question" else None, "in_pool": qid in pooled,
-                "tokens": len(q.output.token_ids),
-                "oracle": self.task.oracle(q.text, None, q.own_answer, q.label) if q.text else None,
-            })
+            rows.append(generator_row(
+                step, t, phase, q.output, question=q.text, question_id=qid, valid=q.text is not None,
+                answer=q.own_answer, label=q.label, label_source="majority", solve_rate=q.p, cluster=q.cluster,
+                reward=q.reward if phase == "question" else None, reward_terms=q.terms,
+                advantage=q.advantage if phase == "question" else None, in_pool=qid in pooled,
+                oracle=self.task.oracle(q.text, None, q.own_answer, q.label) if q.text else None))
         return rows
 
     def solver_records(self, step: int, t: int, batch: list[PoolItem], groups, answers, terms, rewards,
@@ -452,13 +450,10 @@ class RZero(GeneratorRecipe):
         rows, k = [], 0
         for item, group, group_answers, group_terms in zip(batch, groups, answers, terms):
             for c, a, x in zip(group, group_answers, group_terms):
-                rows.append({
-                    "step": step, "iteration": t, "role": "solver", "phase": "solve", "prompt": c.prompt,
-                    "completion": c.text, "question": item.question, "question_id": item.question_id, "valid": True,
-                    "answer": a, "label": item.label, "label_source": "majority", "solve_rate": item.p,
-                    "reward": rewards[k], "reward_terms": x, "advantage": float(advantages[k]),
-                    "tokens": len(c.token_ids), "oracle": self.task.oracle(item.question, None, a, item.label),
-                })
+                rows.append(solver_row(
+                    step, t, "solve", c, question=item.question, question_id=item.question_id, answer=a,
+                    label=item.label, label_source="majority", solve_rate=item.p, reward=rewards[k], reward_terms=x,
+                    advantage=float(advantages[k]), oracle=self.task.oracle(item.question, None, a, item.label)))
                 k += 1
         return rows
 
