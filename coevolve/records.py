@@ -42,6 +42,26 @@ class SampleRow:
         row = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         return {**row, **self.extra}
 
+    @classmethod
+    def from_record(cls, row: dict[str, Any]) -> SampleRow:
+        """A row read back from any run folder, old or hand-edited: a field of the wrong type (or missing) reads as
+        None (``valid``: its truth value; the text fields: as text)."""
+        def of(key: str, *types: type) -> Any:
+            value = row.get(key)
+            return value if isinstance(value, types) and not (isinstance(value, bool) and bool not in types) else None
+
+        def text(key: str) -> str | None:
+            return None if row.get(key) is None else str(row[key])
+
+        return cls(
+            step=of("step", int), iteration=of("iteration", int, bool), role=text("role"), phase=text("phase"),
+            prompt=text("prompt"), completion=text("completion"), question=of("question", str),
+            question_id=text("question_id"), valid=bool(row.get("valid")), answer=of("answer", str),
+            label=text("label"), label_source=text("label_source"), solve_rate=of("solve_rate", int, float),
+            reward=of("reward", int, float), reward_terms=of("reward_terms", dict),
+            advantage=of("advantage", int, float), tokens=of("tokens", int), oracle=of("oracle", dict),
+            extra={k: v for k, v in row.items() if k not in _FIELDS})
+
 
 def generator_row(step: int, iteration: int | None, phase: str, output: Completion, **values: Any) -> dict[str, Any]:
     """A generator output's row; ``values``: the shared fields not read off ``output``, then the recipe's own."""
@@ -53,6 +73,7 @@ def solver_row(step: int, iteration: int | None, phase: str, output: Completion,
     return _row(step, iteration, "solver", phase, output, {"valid": True, **values})
 
 
+_FIELDS = {f.name for f in fields(SampleRow)} - {"extra"}
 _SHARED = {f.name for f in fields(SampleRow)} - {"step", "iteration", "role", "phase", "prompt", "completion", "tokens",
                                                  "extra"}
 

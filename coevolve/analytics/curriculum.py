@@ -48,6 +48,7 @@ from coevolve.analytics.diversity import (
 from coevolve.embeddings import META_FILE, ClusterSpace, corpus_hash, encoder_name
 from coevolve.embeddings import embed as embed_texts
 from coevolve.jsonio import atomic_write_bytes, jsonable, read_jsonl, write_json
+from coevolve.records import SampleRow
 
 ANALYTICS_DIR = "analytics"
 CURRICULUM_FILE = "curriculum.json"
@@ -220,31 +221,27 @@ def _collect(run: RunData) -> tuple[list[_Gen], list[_Label], dict[int, int | No
     labels: list[_Label] = []
     step_iteration: dict[int, int | None] = {}
     for step in sorted(run.sample_files):
-        rows = run.samples(step)
-        iters = Counter(r["iteration"] for r in rows if isinstance(r.get("iteration"), int))
+        rows = [SampleRow.from_record(r) for r in run.samples(step)]
+        iters = Counter(r.iteration for r in rows if r.iteration is not None)
         step_iteration[step] = iters.most_common(1)[0][0] if iters else None
         seen: set[str] = set()
         for r in rows:
-            it = r["iteration"] if isinstance(r.get("iteration"), int) else step_iteration[step]
-            oracle = r["oracle"] if isinstance(r.get("oracle"), dict) else {}
-            qid = str(r.get("question_id"))
-            if r.get("role") == "generator":
-                question = r["question"] if isinstance(r.get("question"), str) else None
+            it = r.iteration if r.iteration is not None else step_iteration[step]
+            oracle = r.oracle or {}
+            qid = str(r.question_id)
+            if r.role == "generator":
                 gens.append(_Gen(
-                    step=step, iteration=it, question_id=qid,
-                    valid=bool(r.get("valid")) and question is not None, question=question,
-                    answer=r["answer"] if isinstance(r.get("answer"), str) else None,
-                    solve_rate=_num(r.get("solve_rate")),
+                    step=step, iteration=it, question_id=qid, valid=r.valid and r.question is not None,
+                    question=r.question, answer=r.answer, solve_rate=_num(r.solve_rate),
                     level=oracle["level"] if isinstance(oracle.get("level"), int) else None,
                     answer_correct=oracle["correct"] if isinstance(oracle.get("correct"), bool) else None,
                 ))
-            elif (r.get("role") == "solver" and r.get("label") is not None
-                  and isinstance(oracle.get("label_correct"), bool) and qid not in seen):
+            elif (r.role == "solver" and r.label is not None and isinstance(oracle.get("label_correct"), bool)
+                  and qid not in seen):
                 seen.add(qid)
                 labels.append(_Label(
-                    step=step, iteration=it, question_id=qid, phase=str(r.get("phase")),
-                    source=str(r.get("label_source")), solve_rate=_num(r.get("solve_rate")),
-                    wrong=not oracle["label_correct"],
+                    step=step, iteration=it, question_id=qid, phase=str(r.phase), source=str(r.label_source),
+                    solve_rate=_num(r.solve_rate), wrong=not oracle["label_correct"],
                 ))
     generator_rate = {g.question_id: g.solve_rate for g in gens if g.solve_rate is not None}
     for lab in labels:
