@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_analytics import encoder  # noqa: F401  (session fixture)
 
 import coevolve.embeddings as embeddings
 from coevolve.analytics.diversity import (
@@ -22,7 +23,6 @@ from coevolve.analytics.diversity import (
     top_share,
 )
 from coevolve.embeddings import ClusterSpace, EncoderUnavailable, corpus_hash, embed
-from test_analytics import encoder  # noqa: F401  (session fixture)
 
 
 def test_distinct_n_words() -> None:

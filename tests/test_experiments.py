@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.harness import Arm, ArmResult, LEVEL_KEYS, launch, trained_label_errors, write_results
+from experiments.harness import LEVEL_KEYS, Arm, ArmResult, launch, trained_label_errors, write_results
 
 
 def _write_samples(run: Path, step: int, rows: list[dict]) -> None:

@@ -18,6 +18,7 @@ from coevolve.grading import (
     answers_equivalent,
     batch_equivalent,
     braces_balanced,
+    equivalence,
     extract_answer,
     extract_boxed,
     extract_choice,
@@ -29,7 +30,6 @@ from coevolve.grading import (
     normalize_answer,
     shutdown_worker,
 )
-from coevolve.grading import equivalence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HOSTILE_TIMEOUT_S = 1.0

@@ -66,8 +66,9 @@ def test_lora_trains_only_adapters_and_checkpoints_hold_them(random_model_dir, t
 def test_offloading_the_idle_role_moves_it_and_changes_no_result(random_model_dir):
     """train.offload_idle_role: every forward pass (sampling, dev gradient, influence, both updates) runs on the
     resident role; a step computes what it computes without offloading; activation moves weights and AdamW state."""
-    from coevolve.rl.residency import Residency
     from test_infuser import make_recipe
+
+    from coevolve.rl.residency import Residency
 
     plain = make_recipe(random_model_dir).step(1)
     recipe = make_recipe(random_model_dir, "train.offload_idle_role=true")

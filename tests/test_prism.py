@@ -8,13 +8,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_r_zero import TINY, question, stub_labels, stub_questions
 from typer.testing import CliRunner
 
 from coevolve.cli import app
 from coevolve.embeddings import ClusterSpace
 from coevolve.loop import run
 from coevolve.recipes import resolve
-from test_r_zero import TINY, question, stub_labels, stub_questions
 
 E = math.exp(-1.0)
 

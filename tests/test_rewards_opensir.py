@@ -12,9 +12,16 @@ import pytest
 from coevolve.pool import ProblemPool
 from coevolve.rewards.difficulty import triangular_solvability
 from coevolve.rewards.format import length_score, parse_teacher_output, student_format_score
-from coevolve.rewards.novelty import (PoolEmbeddings, concept_novelty, expression_concepts, group_variance,
-                                      min_distance_diversity, novelty_score, top_indices, top_k_mean_diversity)
-
+from coevolve.rewards.novelty import (
+    PoolEmbeddings,
+    concept_novelty,
+    expression_concepts,
+    group_variance,
+    min_distance_diversity,
+    novelty_score,
+    top_indices,
+    top_k_mean_diversity,
+)
 
 # --- solvability (Eq. 2): the §4.2 table -------------------------------------------------------------------------
 

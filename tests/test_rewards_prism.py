@@ -11,8 +11,14 @@ import pytest
 from coevolve.embeddings import ClusterSpace
 from coevolve.rewards import coverage
 from coevolve.rewards.coverage import CoverageCounts, prism_reward, rarity_bonus, reference_questions, zpd_gate
-from coevolve.rewards.uncertainty import (bleu_distance_matrix, in_band, pool_filter_reasons, repetition_penalty,
-                                          rzero_reward, uncertainty_reward)
+from coevolve.rewards.uncertainty import (
+    bleu_distance_matrix,
+    in_band,
+    pool_filter_reasons,
+    repetition_penalty,
+    rzero_reward,
+    uncertainty_reward,
+)
 
 E = math.exp(-1.0)
 

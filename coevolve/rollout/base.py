@@ -7,7 +7,6 @@ from typing import Protocol, Sequence
 
 import torch
 
-
 # The seed contract of ``RolloutEngine.generate``: prompt j of a call with seed s is sampled as the first prompt of a
 # call with seed s + j * PROMPT_SEED_STRIDE would be (for the HF engine, j a multiple of its batch size: a batch
 # shares one random stream). A call on a slice of the prompts then reproduces the whole call's samples.

@@ -13,8 +13,14 @@ from typing import Callable, Sequence
 import torch
 from transformers import StaticCache
 
-from coevolve.rollout.base import (PROMPT_SEED_STRIDE, Completion, SamplingParams, left_pad, position_ids_from_mask,
-                                   weights_version)
+from coevolve.rollout.base import (
+    PROMPT_SEED_STRIDE,
+    Completion,
+    SamplingParams,
+    left_pad,
+    position_ids_from_mask,
+    weights_version,
+)
 from coevolve.rollout.constrained import RegexConstraint
 from coevolve.rollout.static_decode import SLOT_ROUNDING, Shape, StaticDecoder
 from coevolve.rollout.static_decode import supports as supports_static
