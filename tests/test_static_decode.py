@@ -37,28 +37,54 @@ def tokenizer():
 PROMPTS = [f"Q:{i}+{i * 37}=?" for i in range(50)] + ["Q:1+1=?"] * 30
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.8, max_new_tokens=60),
-    SamplingParams(temperature=0.8, top_k=5, top_p=0.9, max_new_tokens=60, stop=("7",)),
-    SamplingParams(temperature=0.0, max_new_tokens=20),
-], ids=["plain", "truncated-with-stop", "greedy"])
-def test_static_decoder_samples_what_the_plain_loop_samples(tokenizer, params):
-    """Same tokens, finish reasons and log-probs as the plain loop, with rows ending at different steps (EOS, stop
-    strings, the length), finished rows moved out to smaller buckets and host checks every 4 tokens."""
+def test_static_decoder_greedy_equals_the_plain_loop(tokenizer):
+    """Greedy: the same tokens, finish reasons and log-probs as the plain loop."""
     model = gqa_llama(tokenizer)
+    params = SamplingParams(temperature=0.0, max_new_tokens=20)
     plain = HFRolloutEngine(model, tokenizer, batch_size=64).generate(PROMPTS, params, seed=3)
     static = HFRolloutEngine(model, tokenizer, batch_size=64, dtype=torch.float32, sync_every=4)
     got = static.generate(PROMPTS, params, seed=3)
     assert static.decoder is not None  # the static decoder ran, not the plain loop
     assert [c.token_ids for c in got] == [c.token_ids for c in plain]
     assert [c.finish_reason for c in got] == [c.finish_reason for c in plain]
-    if params.temperature > 0:  # rows really did end at different steps, by EOS and by the length
-        assert len({len(c.token_ids) for c in plain}) > 20
-        assert {c.finish_reason for c in plain} >= {"eos", "length"}
     for mine, theirs in zip(got, plain):
         assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, max_new_tokens=60),
+    SamplingParams(temperature=0.8, top_k=5, top_p=0.9, max_new_tokens=60, stop=("7",)),
+], ids=["plain", "truncated-with-stop"])
+def test_static_decoder_samples_exact_logprobs_and_ends_rows_by_the_plain_rules(tokenizer, params):
+    """Sampling: each token's log-prob is the temperature-scaled model's (recomputed by the trainer), rows end by
+    EOS, stop strings or the length as the plain loop decides them, and neither the host-check cadence nor the
+    batch-size buckets change a sample."""
+    from coevolve.rl.trainer import TrainSample, sequence_logprobs
+
+    model = gqa_llama(tokenizer)
+    runs = [HFRolloutEngine(model, tokenizer, batch_size=64, dtype=torch.float32, sync_every=every).generate(
+        PROMPTS, params, seed=3) for every in (1, 4, 16)]
+    got = runs[0]
+    assert all([c.token_ids for c in run] == [c.token_ids for c in got] for run in runs[1:])
+    assert len({len(c.token_ids) for c in got}) > 20  # rows ended at different steps
+    assert {c.finish_reason for c in got} >= {"eos", "length"}
+    for c in got:
+        if c.finish_reason == "eos":
+            assert c.token_ids[-1] == tokenizer.eos_token_id
+        elif c.finish_reason == "stop":
+            assert any(s in tokenizer.decode(c.token_ids[-16:]) for s in params.stop)
+            assert not any(s in tokenizer.decode(c.token_ids[max(0, n - 16):n]) for s in params.stop
+                           for n in range(1, len(c.token_ids)))
+        else:
+            assert len(c.token_ids) == params.max_new_tokens
     if params.stop:
-        assert any(c.finish_reason == "stop" for c in plain)
+        assert any(c.finish_reason == "stop" for c in got)
+    samples = [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, 0.0) for c in got]
+    with torch.no_grad():
+        recomputed, _ = sequence_logprobs(model, samples, tokenizer.pad_token_id, params.temperature)
+    width = recomputed.shape[1]
+    for i, c in enumerate(got):
+        assert c.logprobs == pytest.approx(recomputed[i, width - len(c.logprobs):].tolist(), abs=1e-5)
 
 
 def test_bf16_copy_logprobs_are_within_bf16_rounding_of_the_trainer_and_turn_tis_on(tokenizer):

@@ -86,8 +86,10 @@ class HFRolloutEngine:
     from the live model and is the one that applies a regex constraint (its mask comes from the host every token).
     With ``dtype`` set, the engine samples from its own copy of the weights in that dtype (bf16 on a GPU; refreshed
     whenever ``version()`` changes, LoRA merged) with the :class:`~coevolve.rollout.static_decode.StaticDecoder`: one
-    CUDA graph per batch-size bucket on a GPU, a host check every ``sync_every`` tokens. Both loops draw the same
-    uniforms, so they sample the same tokens from the same weights.
+    CUDA graph per batch-size bucket on a GPU, a host check every ``sync_every`` tokens. The plain loop draws one
+    uniform per live row and step (as before the static decoder existed, so its samples for a seed are unchanged);
+    the static decoder draws one per prompt and token up front. Both sample the same distribution, and greedy
+    decoding gives the same tokens.
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None,
@@ -168,7 +170,6 @@ class HFRolloutEngine:
         device = next(model.parameters()).device
         prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         batch, new = len(prompts), params.max_new_tokens
-        uniforms = torch.rand(new, batch, generator=generator, device=device, dtype=torch.float64)
         logits, cache, kv_mask, positions = self._prefill(model, prompt_ids, new, device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         tokens = torch.zeros(batch, new, dtype=torch.long, device=device)
@@ -186,7 +187,8 @@ class HFRolloutEngine:
             if constraint is not None:  # sample from the masked, renormalised distribution; log-probs are its own
                 live = alive.tolist()
                 logits = constraint.mask(logits, row_of, live)
-            chosen, chosen_logprob = sample_tokens(logits.float(), params, uniforms[t, rows])
+            uniforms = torch.rand(len(row_of), generator=generator, device=device, dtype=torch.float64)
+            chosen, chosen_logprob = sample_tokens(logits.float(), params, uniforms)
             if constraint is not None:
                 constraint.accept(chosen.tolist(), row_of, live)
             tokens[rows, t] = chosen
