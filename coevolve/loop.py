@@ -114,6 +114,8 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
     for step in bar:
         started = time.perf_counter()
         out = recipe.step(step)
+        for role in trainers:  # a role that sat the step out took 0 optimizer steps: every row has every role
+            out.metrics.setdefault(f"{role}/optimizer_steps", 0)
         out.metrics["time/step_s"] = time.perf_counter() - started
         out.metrics.update(recipe.engine_metrics())
         out.metrics.update(pop_bound_counts())  # over-long or unparsable model text, votes over budget (bounds/*)

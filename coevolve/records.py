@@ -1,8 +1,14 @@
-"""Typed rows of a run's ``samples/*.jsonl``: the fields every recipe writes, and a recipe's own in ``extra``.
+"""Typed rows of a run's ``samples/*.jsonl``, and the shared names of its ``metrics.jsonl``.
 
 A recipe builds one row per generator output (:func:`generator_row`) and one per solver rollout (:func:`solver_row`);
 ``extra`` holds what only that recipe has (INFUSER's document, R-Zero's cluster, OpenSIR's concepts, ...). Rows are
 written flat: the shared fields, then the extra ones.
+
+Metrics a recipe computes about its questions and answers carry the side, not the role's name: ``generator/`` and
+``solver/reward_mean``, ``generator/`` and ``solver/advantage_abs_mean``, ``tokens/generator`` and ``tokens/solver``,
+``questions/valid_rate``, whatever the recipe calls its roles (questioner, proposer, policy). What a trainer reports
+(``<role>/loss``, ``<role>/optimizer_steps``, ``<role>/grad_norm``) keeps the role's name. Run folders written before
+the names were pinned read back with today's names (:func:`current_metric_names`).
 """
 
 from __future__ import annotations
@@ -71,6 +77,26 @@ def generator_row(step: int, iteration: int | None, phase: str, output: Completi
 def solver_row(step: int, iteration: int | None, phase: str, output: Completion, **values: Any) -> dict[str, Any]:
     """A solver rollout's row (valid: the rollout exists; its answer may not parse)."""
     return _row(step, iteration, "solver", phase, output, {"valid": True, **values})
+
+
+# Names older runs logged -> the pinned names (``proposer/`` was PasoDoble's, ``questioner/`` R-Zero's and Prism's,
+# ``opensir/valid_rate`` OpenSIR's)
+RENAMED_METRICS = {"proposer/reward_mean": "generator/reward_mean", "questioner/reward_mean": "generator/reward_mean",
+                   "proposer/advantage_abs_mean": "generator/advantage_abs_mean",
+                   "questioner/advantage_abs_mean": "generator/advantage_abs_mean",
+                   "tokens/proposer": "tokens/generator", "opensir/valid_rate": "questions/valid_rate"}
+
+
+def current_metric_names(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``metrics.jsonl`` row with today's names (a row that has both an old and its new name keeps the new)."""
+    current = {}
+    for key, value in row.items():
+        new = RENAMED_METRICS.get(key)
+        if new is None:
+            current[key] = value
+        elif new not in row:
+            current[new] = value
+    return current
 
 
 _FIELDS = {f.name for f in fields(SampleRow)} - {"extra"}

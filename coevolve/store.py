@@ -35,6 +35,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from coevolve import distributed
 from coevolve.jsonio import atomic_write_text, dumps, fsync_path, read_jsonl
+from coevolve.records import current_metric_names
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ class RunStore:
             os.fsync(handle.fileno())
 
     def metrics(self) -> list[dict]:
-        return read_jsonl(self.metrics_path)
+        """The rows of ``metrics.jsonl``, with today's metric names."""
+        return [current_metric_names(row) for row in read_jsonl(self.metrics_path)]
 
     def write_samples(self, step: int, records: Iterable[Mapping[str, Any]]) -> None:
         """Write the samples of one step (atomically, one file per step)."""

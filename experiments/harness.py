@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from coevolve.jsonio import read_jsonl
+from coevolve.records import current_metric_names
 
 LEVELS = range(1, 7)
 LEVEL_KEYS = [f"eval/arith_l{level}/accuracy" for level in LEVELS]
@@ -79,7 +80,8 @@ def run_dir(root: Path, arm: Arm, seed: int) -> Path:
 
 
 def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [current_metric_names(json.loads(line)) for line in (path / "metrics.jsonl").read_text().splitlines()
+            if line.strip()]
 
 
 def launch(arm: Arm, seed: int, root: Path) -> tuple[list[str], Path]:

@@ -132,6 +132,22 @@ def test_load_run_merges_metrics(fake_run: Path) -> None:
     assert "solver/reward_mean" in run.metrics[5] and "eval/gsm8k/accuracy" in run.metrics[5]
 
 
+def test_runs_logged_before_the_metric_names_were_pinned_read_with_todays_names(tmp_path: Path) -> None:
+    from coevolve.store import RunStore
+
+    old = [{"step": 1, "time_s": 1.0, "proposer/reward_mean": 0.5, "proposer/advantage_abs_mean": 0.25,
+            "tokens/proposer": 40, "opensir/valid_rate": 0.75, "proposer/loss": 0.1},
+           {"step": 2, "time_s": 2.0, "questioner/advantage_abs_mean": 0.5, "generator/reward_mean": -1.0,
+            "questioner/reward_mean": 9.0}]
+    (tmp_path / "config.yaml").write_text("recipe: pasodoble\n")
+    _write_jsonl(tmp_path / "metrics.jsonl", old)
+    expected = [{"step": 1, "time_s": 1.0, "generator/reward_mean": 0.5, "generator/advantage_abs_mean": 0.25,
+                 "tokens/generator": 40, "questions/valid_rate": 0.75, "proposer/loss": 0.1},  # a trainer's: kept
+                {"step": 2, "time_s": 2.0, "generator/advantage_abs_mean": 0.5, "generator/reward_mean": -1.0}]
+    assert RunStore(tmp_path).metrics() == expected  # where both names are there, the new one wins
+    assert [load_run(tmp_path).metrics[step] for step in (1, 2)] == expected
+
+
 def test_analyze_run_planted_values(fake_run: Path) -> None:
     res = analyze_run(fake_run, embed=False)
     overall = res["overall"]

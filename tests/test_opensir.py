@@ -60,7 +60,7 @@ def test_step_on_random_model_writes_both_roles(random_model_dir):
         assert r["label_source"] == "majority" and r["phase"] == "solve"
         assert r["question_id"] in {g["question_id"] for g in gens if g["student_selected"]}
     m = out.metrics
-    assert m["pool/size"] == 17 and m["opensir/valid_rate"] == 1.0
+    assert m["pool/size"] == 17 and m["questions/valid_rate"] == 1.0
     assert {"generator/reward_mean", "solver/reward_mean", "reward/sol", "reward/len", "reward/div", "reward/fmt",
             "policy/loss", "time/generate_s", "time/solve_s", "time/update_s"} <= set(m)
     assert set(recipe.trainers()) == {"policy"}
@@ -139,7 +139,7 @@ def test_novelty_and_selection_by_hand(random_model_dir):
     assert [s.role for s in samples] == ["generator"] * 8 + ["solver"] * 8
     assert [s.advantage for s in samples[:4]] == pytest.approx(a0)
     assert len(recipe.pool) == 1 + 10  # the seed and every valid problem, solve rate regardless
-    assert out.metrics["opensir/valid_rate"] == pytest.approx(10 / 16)
+    assert out.metrics["questions/valid_rate"] == pytest.approx(10 / 16)
     assert out.metrics["opensir/in_window"] == 5  # three "2+3" at 3/4, "4*5" and "(1+2)*3" at 2/4
     assert out.metrics["pool/concepts"] == len(recipe.pool.concepts)
     assert out.metrics["generator/advantage_abs_mean"] == pytest.approx(sum(abs(s.advantage) for s in samples[:8]) / 8)

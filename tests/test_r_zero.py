@@ -247,6 +247,9 @@ def test_resume_reproduces_a_straight_run(tmp_path, random_model_dir):
         assert [r["reward"] for r in a] == [r["reward"] for r in b]
     rows = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r.get("questioner/grad_norm", 0) > 0] == [1, 2, 5, 6]
+    # the loop logs 0 optimizer steps for the role a step leaves idle: every training row has both roles
+    assert [(r["questioner/optimizer_steps"] > 0, r["solver/optimizer_steps"] > 0) for r in rows if "time/step_s" in r
+            ] == [(True, False)] * 2 + [(False, True)] * 2 + [(True, False)] * 2
     for role, trainer in straight.trainers().items():
         resumed = second.trainers()[role]
         assert all(torch.equal(a, b) for a, b in zip(trainer.model.state_dict().values(),
@@ -267,9 +270,9 @@ def test_optimizer_steps_per_role_follow_mini_batches_and_epochs(random_model_di
     stub_questions(recipe, ["1+2", "2+2", "3+3", "4+4"])
     stub_labels(recipe, [["1", "1", "2", "3"]] * 100)  # p = 1/2 everywhere: in the band, every pool question kept
     out = recipe.step(1)  # 2 prompts x 2 outputs = 4 sequences, one per AdamW step, 2 epochs
-    assert (out.metrics["questioner/optimizer_steps"], out.metrics["solver/optimizer_steps"]) == (8, 0)
+    assert (out.metrics["questioner/optimizer_steps"], "solver/optimizer_steps" in out.metrics) == (8, False)
     out = recipe.step(3)  # 2 questions x 2 rollouts = 4 sequences in mini-batches of 3 and 1, 3 epochs
-    assert (out.metrics["questioner/optimizer_steps"], out.metrics["solver/optimizer_steps"]) == (0, 6)
+    assert ("questioner/optimizer_steps" in out.metrics, out.metrics["solver/optimizer_steps"]) == (False, 6)
     assert recipe.solver_trainer.settings.mini_batch_size == 3 and recipe.questioner_trainer.settings.epochs == 2
 
 
@@ -287,7 +290,7 @@ def test_advantage_scale_and_warnings(random_model_dir, caplog):
     with caplog.at_level("WARNING", logger="coevolve.recipes.r_zero"):
         out = recipe.step(1)
     # group 1 all 0; group 2 (0.75, 0): mean 0.375, unbiased std 0.75/sqrt(2) -> +-1/sqrt(2)
-    assert out.metrics["questioner/advantage_abs_mean"] == pytest.approx(2 ** -0.5 / 2, rel=1e-5)
+    assert out.metrics["generator/advantage_abs_mean"] == pytest.approx(2 ** -0.5 / 2, rel=1e-5)
     assert out.metrics["questioner/zero_variance_rate"] == 0.5 and not caplog.records
     stub_labels(recipe, [["3", "3"]] * 100)  # p = 1 everywhere: every reward 0, and nothing in the pool band
     with caplog.at_level("WARNING", logger="coevolve.recipes.r_zero"):
@@ -297,7 +300,7 @@ def test_advantage_scale_and_warnings(random_model_dir, caplog):
             "step 2: every questioner group has zero reward variance (all advantages 0)"]
         caplog.clear()
         out = recipe.step(3)
-    assert out.metrics["pool/size"] == 0 and out.metrics["solver/optimizer_steps"] == 0
+    assert out.metrics["pool/size"] == 0 and out.metrics.get("solver/optimizer_steps", 0) == 0
     assert [r.getMessage() for r in caplog.records] == ["step 3: the solver pool of iteration 1 is empty; no solver update"]
 
 

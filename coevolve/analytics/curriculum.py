@@ -48,7 +48,7 @@ from coevolve.analytics.diversity import (
 from coevolve.embeddings import META_FILE, ClusterSpace, corpus_hash, encoder_name
 from coevolve.embeddings import embed as embed_texts
 from coevolve.jsonio import atomic_write_bytes, jsonable, read_jsonl, write_json
-from coevolve.records import SampleRow
+from coevolve.records import SampleRow, current_metric_names
 
 ANALYTICS_DIR = "analytics"
 CURRICULUM_FILE = "curriculum.json"
@@ -127,7 +127,7 @@ def load_run(run_dir: str | Path) -> RunData:
     metrics: dict[int, dict[str, Any]] = {}
     for row in read_jsonl(root / "metrics.jsonl"):
         if isinstance(row.get("step"), int):
-            metrics.setdefault(row["step"], {}).update(row)
+            metrics.setdefault(row["step"], {}).update(current_metric_names(row))
     sample_files = {}
     if (root / "samples").is_dir():
         for path in (root / "samples").iterdir():

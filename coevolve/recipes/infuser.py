@@ -281,8 +281,7 @@ class Infuser(GeneratorRecipe):
             solver_batch = self.solver_samples(retained)
             stats.update(role_metrics("solver", self.solver_trainer.update(solver_batch)))
             stats["solver/advantage_abs_mean"] = mean([abs(x.advantage) for x in solver_batch])
-        idle = {f"{role}/optimizer_steps": 0 for role in self.trainers()}
-        return StepOutput({**idle, **self.step_metrics(generated), **dev_stats, **stats, **timer},
+        return StepOutput({**self.step_metrics(generated), **dev_stats, **stats, **timer},
                           self.records(step, generated))
 
     # --- the pieces ---------------------------------------------------------------------------------------------

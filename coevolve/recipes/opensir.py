@@ -426,7 +426,7 @@ class OpenSIR(GeneratorRecipe):
             **{f"reward/{k}": mean([c.terms[k] for c in candidates]) for k in TERMS},
             "reward/correct": mean([t["correct"] for t in student_terms]),
             "reward/student_format": mean([t["format"] for t in student_terms]),
-            "opensir/valid_rate": len(valid) / len(candidates),
+            "questions/valid_rate": len(valid) / len(candidates),
             "opensir/in_window": sum(p.s_min <= r <= p.s_max for r in rates),
             "solve_rate/all": mean(rates),
             "solve_rate/teacher_selected": mean([c.solve_rate for c in valid

@@ -262,15 +262,14 @@ class PasoDoble(GeneratorRecipe):
 
     # --- Algorithms 1 and 2 -----------------------------------------------------------------------------------
     def step(self, step: int) -> StepOutput:
-        idle = {f"{role}/optimizer_steps": 0 for role in self.trainers()}
         if self.params.max_updates is not None and self.updates >= self.params.max_updates:
-            return StepOutput({**idle, "skipped": 1.0, "updates": float(self.updates), "done": 1.0})
+            return StepOutput({"skipped": 1.0, "updates": float(self.updates), "done": 1.0})
         if self.params.mode == "online":
             out = self.online_step(step)
         else:
             out = self.proposer_step(step) if self.phase == "proposer" else self.solver_step(step)
         self.updates += int(not out.metrics["skipped"])
-        out.metrics = {**idle, **out.metrics, "updates": float(self.updates)}
+        out.metrics["updates"] = float(self.updates)
         return out
 
     def propose_and_retain(self, step: int, timer: PhaseTimer) -> tuple[list[Proposal], list[Proposal], bool]:
@@ -440,7 +439,7 @@ class PasoDoble(GeneratorRecipe):
             return {}
         samples = train_samples([x.output for x in proposals], [x.advantage for x in proposals], "proposer")
         return {**role_metrics("proposer", self.proposer_trainer.update(samples)),
-                "proposer/advantage_abs_mean": mean([abs(x.advantage) for x in proposals])}
+                "generator/advantage_abs_mean": mean([abs(x.advantage) for x in proposals])}
 
     def update_solver(self, questions: list[Proposal]) -> dict[str, float]:
         """GRPO on the J solutions of each retained question."""
@@ -479,7 +478,7 @@ class PasoDoble(GeneratorRecipe):
         audited = [self.task.oracle(x.question, self.solver_doc(x.passage), x.answer, x.answer) for x in retained]
         audited = [o["label_correct"] for o in audited if o and o.get("label_correct") is not None]
         return {
-            "proposer/reward_mean": mean([x.reward for x in proposals]),
+            "generator/reward_mean": mean([x.reward for x in proposals]),
             "solver/reward_mean": mean([r for x in proposals for r in x.solver_rewards]),
             "reward/r_div": mean([x.r_div for x in posed]),
             "reward/r_diff": mean([p.difficulty_offset - x.p for x in posed]),
@@ -491,7 +490,7 @@ class PasoDoble(GeneratorRecipe):
             "questions/retained": float(len(retained)),
             "questions/retained_label_correct": mean([float(c) for c in audited]),
             "history/size": float(len(self.history)),
-            "tokens/proposer": sum(len(x.output.token_ids) for x in proposals),
+            "tokens/generator": sum(len(x.output.token_ids) for x in proposals),
             "tokens/solver": sum(len(s.token_ids) for x in proposals for s in x.solutions),
         }
 

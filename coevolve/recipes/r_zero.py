@@ -19,9 +19,9 @@ Solver phase (``solver_steps`` = 20 GRPO steps): S_t <- S_{t-1}; each step draws
 
 One loop step is one GRPO update of one role: step s lies in iteration (s-1) // (S_Q + S_S) + 1, its first S_Q steps
 train the Questioner, the rest the Solver; ``steps`` = T * (S_Q + S_S) (T = 4: 104 steps). The pool and the
-iteration's state are in ``state_dict``, so a run resumes at any step. Each step logs ``<role>/optimizer_steps`` (0
-for the idle role) and ``<role>/advantage_abs_mean``, and warns once when every questioner group has zero reward
-variance or the solver's pool is empty.
+iteration's state are in ``state_dict``, so a run resumes at any step. Each step logs the trained role's
+``<role>/optimizer_steps`` (the loop logs 0 for the idle one) and ``generator/`` or ``solver/advantage_abs_mean``,
+and warns once when every questioner group has zero reward variance or the solver's pool is empty.
 
 Tasks, paper vs released code, step structure, presets and ablations: ``docs/recipes/r_zero.md``.
 """
@@ -280,9 +280,7 @@ class RZero(GeneratorRecipe):
 
     def step(self, step: int) -> StepOutput:
         t, phase, index = self.schedule(step)
-        out = self.questioner_step(step, t, index) if phase == "questioner" else self.solver_step(step, t, index)
-        out.metrics = {**{f"{role}/optimizer_steps": 0 for role in self.trainers()}, **out.metrics}  # idle role: 0
-        return out
+        return self.questioner_step(step, t, index) if phase == "questioner" else self.solver_step(step, t, index)
 
     # --- questioner phase -------------------------------------------------------------------------
     def questioner_step(self, step: int, t: int, index: int) -> StepOutput:
@@ -313,7 +311,7 @@ class RZero(GeneratorRecipe):
         return StepOutput(
             metrics={"iteration": t, "phase": "questioner", **self.question_metrics(questions), **extra,
                      "questioner/zero_variance_rate": mean([float(not v) for v in varies]),
-                     "questioner/advantage_abs_mean": mean([abs(q.advantage) for q in questions]),
+                     "generator/advantage_abs_mean": mean([abs(q.advantage) for q in questions]),
                      **role_metrics("questioner", stats), **timer},
             samples=self.question_records(step, t, "question", questions))
 

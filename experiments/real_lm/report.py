@@ -7,9 +7,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from coevolve.records import current_metric_names
+
 OPTIONS = ["none", "examples", "constraint", "both", "sft"]
 RECIPES = ["r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl"]
-VALID_KEYS = ("questions/valid_rate", "opensir/valid_rate", "pool/valid_rate")
+VALID_KEYS = ("questions/valid_rate", "pool/valid_rate")
 
 
 def _read(path: Path) -> Any:
@@ -17,7 +19,9 @@ def _read(path: Path) -> Any:
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """A metrics file's rows with today's metric names."""
+    return [current_metric_names(json.loads(line)) for line in path.read_text().splitlines()
+            if line.strip()] if path.exists() else []
 
 
 def _mean(values: list[float]) -> float | None:
@@ -55,8 +59,7 @@ def short_run(run_dir: Path) -> dict[str, Any] | None:
     return {
         "steps": len(rows),
         "generator_valid_rate": [next((r[k] for k in VALID_KEYS if r.get(k) is not None), None) for r in rows],
-        "generator_reward": [r.get("generator/reward_mean", r.get("proposer/reward_mean",
-                                                                    r.get("questioner/reward_mean"))) for r in rows],
+        "generator_reward": [r.get("generator/reward_mean") for r in rows],
         "solver_reward": [r.get("solver/reward_mean") for r in rows],
         "solver_updates": sum(solver_moved), "solver_optimizer_steps": sum(solver_steps),
         "first_solver_update_step": next((r["step"] for r, m in zip(rows, solver_moved) if m), None),
