@@ -89,6 +89,19 @@ class TrainConfig(Strict):
     epochs: int = Field(1, gt=0)
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.2, ge=0)
+    dual_clip: float | None = Field(None, gt=1, description="dual-clip PPO: the loss of a token with A < 0 is capped "
+                                    "at -c * A (verl's clip_ratio_c, 3.0 in R-Zero's and Prism's code); unset: off")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="cosine: within each phase of a recipe with phases (r_zero, prism), linear warm-up "
+        "over lr_warmup_ratio of the phase's steps, then cosine decay from lr towards lr_min_ratio * lr (verl's "
+        "schedule over a job of the phase's steps)")
+    lr_warmup_ratio: float = Field(0.0, ge=0, lt=1, description="lr_schedule cosine: share of a phase's steps that "
+                                   "warm up linearly from 0")
+    lr_min_ratio: float = Field(0.0, ge=0, le=1, description="lr_schedule cosine: the lr at a phase's last step, as "
+                                "a share of lr")
+    optimizer_reset: Literal["never", "phase"] = Field(
+        "never", description="phase: a fresh AdamW (moments and step counts cleared) at the start of each of a role's "
+        "phases (recipes with phases), as when each phase is a new training job; never: AdamW state carries over")
     tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap; default 2.0 when "
                                   "rollouts are not sampled from the trained weights (vllm, a bf16 sampler copy, "
                                   "constrained decoding), off otherwise")

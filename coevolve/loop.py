@@ -123,6 +123,7 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
             store.write_samples(step, out.samples)
         log_row(step, out.metrics)
         last_metrics = out.metrics
+        stop = recipe.finished()  # the method's own end (PasoDoble's max_updates) before config.steps
         bad = _non_finite_roles(models)
         if bad:  # stop before evaluating or checkpointing garbage; every checkpoint so far passed this check
             done = store.checkpoint_steps()
@@ -130,19 +131,22 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
             raise NonFiniteWeights(f"step {step}: the {' and '.join(bad)} weights are not finite (NaN or inf) after "
                                    f"the update; the run stopped and {kept} (lower train.lr, then --resume "
                                    f"{store.root} --set train.lr=...)")
-        if config.eval_sets and ((config.eval_every and step % config.eval_every == 0) or step == config.steps):
+        if config.eval_sets and ((config.eval_every and step % config.eval_every == 0) or step == config.steps
+                                 or stop):
             eval_row = evaluate_solver(recipe, config, store, step)
             log_row(step, eval_row)
             if main:
                 bar.write(f"step {step}: " + "  ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in eval_row.items()
                                                        if k.startswith("eval/")))
-        if step % config.checkpoint_every == 0 or step == config.steps:  # every rank: sharded state is gathered
+        if step % config.checkpoint_every == 0 or step == config.steps or stop:  # every rank: sharded state gathered
             store.save_checkpoint(step, models, optimizers, {
                 "time_s": now(), "loop_recipe": recipe.state_dict(),
                 "updates_done": {role: t.updates_done for role, t in trainers.items()},
             }, keep=config.keep_checkpoints)
         bar.set_postfix({k.split("/", 1)[-1]: round(v, 3) for k, v in out.metrics.items()
                          if k.endswith("reward_mean") and isinstance(v, float)})
+        if stop:
+            break
     bar.close()
     if writer is not None:
         writer.close()
@@ -153,10 +157,10 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     summary = {
         "recipe": config.recipe, "model": config.model, "task": config.task, "seed": config.seed,
-        "steps": config.steps, "wall_s": round(now(), 3),
+        "steps": config.steps, "steps_run": max([r["step"] for r in rows] or [0]), "wall_s": round(now(), 3),
         "skipped_steps": sum(int(r.get("skipped_steps", 0) or 0) for r in rows if "eval/" not in str(r)),
         "first_eval": evals[0] if evals else None, "final_eval": evals[-1] if evals else None,
-        "last_step_metrics": last_metrics, "torch": torch.__version__,
+        "last_step_metrics": last_metrics, "torch": torch.__version__, **recipe.run_summary(),
     }
     atomic_write_text(store.root / "summary.json", dumps(summary) + "\n")
     return summary

@@ -13,6 +13,9 @@ import pytest
 
 from coevolve.recipes import RECIPES, resolve
 
+# Both codes' optimizer (verl / EasyR1 actor configs): what every GPU preset of r_zero and prism takes
+CODE_OPTIMIZER = {"train.clip_low": 0.2, "train.clip_high": 0.3, "train.dual_clip": 3.0, "train.weight_decay": 0.01,
+                  "train.optimizer_reset": "phase", "train.lr_min_ratio": 0.1}
 # r_zero / prism: (recipe, preset) -> resolved values (params unless prefixed "train." or "config.")
 R_ZERO_TABLE = {
     ("r_zero", "paper"): {  # Prism's App. A for R-Zero; the step structure of Prism's scripts
@@ -22,7 +25,8 @@ R_ZERO_TABLE = {
         "score_samples": 10, "label_samples": 8, "pool_size": 8000, "band": [0.25, 0.75], "pool_p_denominator": "all",
         "reward_form": "paper", "advantage": "dr_grpo", "solver_format_weight": 0.0, "filter_prove": True,
         "questioner_init": "previous_questioner",
-        "train.lr": 5e-6, "train.kl_beta": 1e-4, "train.weight_decay": 0.0, "train.clip_high": 0.2},
+        "train.lr": 5e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, "solver_lr_schedule": "cosine",
+        "questioner_lr_schedule": None},
     ("r_zero", "reference_code"): {  # R-Zero's repository (EasyR1): 5 iterations, checkpoints 5 / 15 kept
         "config.steps": 5 * (5 + 15), "questioner_steps": 5, "solver_steps": 15,
         "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 1,
@@ -30,28 +34,29 @@ R_ZERO_TABLE = {
         "score_samples": 10, "label_samples": 9, "pool_size": 8000, "band": [0.3, 0.8], "pool_p_denominator": "all",
         "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
         "questioner_init": "previous_questioner", "question_max_tokens": 4096, "config.rollout.max_new_tokens": 4096,
-        "train.lr": 1e-6, "train.kl_beta": 1e-2, "train.weight_decay": 0.01, "train.clip_low": 0.2,
-        "train.clip_high": 0.3},
+        "train.lr": 1e-6, "train.kl_beta": 1e-2, **CODE_OPTIMIZER, "solver_lr_schedule": None,
+        "config.train.lr_schedule": "constant"},
     ("r_zero", "prism_code"): {  # the R-Zero baseline of Prism's scripts
         "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
         "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
         "solver_questions": 512, "solver_group": 8, "solver_mini_batch_size": 1024, "solver_epochs": 2,
-        "score_samples": 10, "label_samples": 8, "band": [0.3, 0.8], "pool_p_denominator": "answered",
+        "score_samples": 10, "label_samples": 8, "band": [0.3, 0.8], "pool_p_denominator": "all",
         "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
-        "train.lr": 1e-6, "train.kl_beta": 1e-4, "train.weight_decay": 0.01, "train.clip_high": 0.3},
+        "train.lr": 1e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, "solver_lr_schedule": "cosine"},
     ("prism", "paper"): {
         "config.steps": 4 * (6 + 20), "questioner_steps": 6, "solver_steps": 20,
         "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
         "solver_questions": 512, "solver_group": 8, "solver_mini_batch_size": 1024, "solver_epochs": 2,
         "score_samples": 10, "label_samples": 8, "band": [0.5, 0.9], "pool_p_denominator": "all",
         "advantage": "dr_grpo", "questioner_init": "solver", "k": 128, "lam": 5.0, "gamma": 0.99, "alpha": 1.0,
-        "reference_corpus": "math_minus_math500", "train.lr": 5e-6, "train.kl_beta": 1e-4},
+        "reference_corpus": "math_minus_math500", "train.lr": 5e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER,
+        "solver_lr_schedule": "cosine"},
     ("prism", "reference_code"): {
         "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
         "questioner_mini_batch_size": 64, "questioner_epochs": 2, "solver_questions": 512, "solver_group": 8,
-        "solver_mini_batch_size": 1024, "solver_epochs": 2, "pool_p_denominator": "answered", "advantage": "grpo",
+        "solver_mini_batch_size": 1024, "solver_epochs": 2, "pool_p_denominator": "all", "advantage": "grpo",
         "solver_format_weight": 0.1, "filter_prove": False, "k": 128, "reference_corpus": "gsm8k_train",
-        "train.lr": 1e-6, "train.weight_decay": 0.01, "train.clip_high": 0.3},
+        "train.lr": 1e-6, **CODE_OPTIMIZER, "solver_lr_schedule": "cosine"},
 }
 # AdamW steps per questioner / solver loop step in the source (spec prism.md §7; R-Zero's EasyR1 config)
 OPT_STEPS = {
@@ -112,3 +117,23 @@ def test_pasodoble_counts_updates():
     assert code.max_updates is None and config.steps == 2000  # the code's loop counts iterations
     for preset in ("small", "small_offline"):
         assert resolve("pasodoble", preset=preset)[1].proposer_max_tokens >= 96
+
+
+# ttrl: TTRL's §4 (MATH-500: 64 votes, 32 trained, lr 5e-7, 3072 tokens) and its released verl script
+TTRL_TABLE = {
+    "paper": {"vote_samples": 64, "train_samples": 32, "questions_per_step": 32, "pool_source": "math500",
+              "pool_size": 500, "subset": "first", "config.steps": 160, "config.rollout.temperature": 0.6,
+              "config.rollout.max_new_tokens": 3072, "train.lr": 5e-7, "train.kl_beta": 0.0},
+    "reference_code": {"vote_samples": 64, "train_samples": 32, "questions_per_step": 32, "pool_source": "math500",
+                       "subset": "first", "config.rollout.temperature": 1.0, "config.rollout.max_new_tokens": 3072,
+                       "train.lr": 5e-7, "train.kl_beta": 1e-3},
+}
+
+
+@pytest.mark.parametrize("preset", sorted(TTRL_TABLE))
+def test_ttrl_presets(preset):
+    for key, want in TTRL_TABLE[preset].items():
+        assert resolved("ttrl", preset, key) == want, key
+    config, p, _ = resolve("ttrl", preset=preset)
+    # verl's ppo_mini_batch_size 1 prompt = 32 sequences: 32 AdamW steps per rollout batch of 32 prompts, 1 epoch
+    assert (p.questions_per_step * p.train_samples // config.train.mini_batch_size, config.train.epochs) == (32, 1)

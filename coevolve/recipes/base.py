@@ -69,6 +69,7 @@ class Recipe:
     defaults: ClassVar[dict[str, Any]] = {}
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     fsdp_unsupported: ClassVar[str | None] = None  # why ``train.fsdp`` cannot shard this recipe, if it cannot
+    phased: ClassVar[bool] = False  # its roles train in phases (PolicyTrainer.phase_step): lr schedules, resets
 
     def __init__(self, config: RunConfig, params: RecipeParams):
         self.config = config
@@ -100,6 +101,15 @@ class Recipe:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
 
+    def finished(self) -> bool:
+        """True when the method's own end came before ``steps`` (PasoDoble's ``max_updates``): the loop then
+        evaluates, checkpoints and stops after this step."""
+        return False
+
+    def run_summary(self) -> dict[str, Any]:
+        """What ``summary.json`` adds for this recipe (e.g. the schedule a run effectively had)."""
+        return {}
+
     @classmethod
     def data_sets(cls, config: RunConfig, params: RecipeParams) -> list[str]:
         """Benchmark files (:mod:`coevolve.data.benchmarks` names) the run reads, checked before the model
@@ -126,6 +136,10 @@ class Recipe:
             temperature=self.config.rollout.temperature, dtype="bf16" if bf16 else "fp32",
             gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing)
         settings = self.params.role_updates().get(role, RoleUpdate()).apply(settings)
+        if not self.phased and (settings.lr_schedule != "constant" or settings.optimizer_reset != "never"):
+            key = "train.lr_schedule" if settings.lr_schedule != "constant" else "train.optimizer_reset"
+            raise ConfigError(f"config key '{key}': {self.name} has no phases; only recipes with phases "
+                              "(r_zero, prism) schedule the lr or reset AdamW per phase")
         try:
             trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
         except ValueError as exc:  # peft: a target module the model does not have

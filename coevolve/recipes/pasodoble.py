@@ -10,9 +10,9 @@ PROPOSE_AND_SCORE (§3.3-3.4), for each of ``passages_per_step`` passages k ~ Un
     4. r^div_i = share of the history H not Jaccard-similar to q_i (§3.3); H takes the new questions;
     5. r^p_i = (1.1 - p_i) + w r^div_i if p_i > tau_low and r^div_i >= tau_div, else 0 (§3.3);
     6. retained_i = tau_low < p_i < 1 (§3.4).
-Online (Algorithm 1): one PROPOSE_AND_SCORE per step; skip the step when no question is retained or every Proposer
-advantage is 0; else GRPO-update the Proposer on all I proposals per passage, then the Solver on the J solutions of
-each retained question.
+Online (Algorithm 1): one PROPOSE_AND_SCORE per step; skip the step when no question is retained (and, with
+``skip_zero_advantages``, the released code's rule, when every Proposer advantage is 0); else GRPO-update the Proposer
+on all I proposals per passage, then the Solver on the J solutions of each retained question.
 Offline (Algorithm 2): T_P Proposer steps (Solver frozen) push their retained questions into the question buffer 𝓑;
 then T_S Solver steps (Proposer frozen) replay the next ``replay_batch`` buffered questions circularly, re-solve them,
 keep those whose current p is in (tau_low, 1) and update the Solver. Only updates count towards T_P and T_S (code);
@@ -20,9 +20,10 @@ keep those whose current p is in (tau_low, 1) and update the Solver. Only update
 optional eviction (App. D) drops a question at p = 1 or after ``eviction_patience`` replays without a new peak.
 
 Each loop step is one iteration, skipped ones included, so ``steps`` caps the iterations; the paper counts successful
-updates (600 online, App. B): ``max_updates`` (600 in ``paper``) is the number of updates after which the remaining
-steps do nothing (online: joint updates; offline: Proposer and Solver updates). ``skipped`` marks skipped
-iterations, ``updates`` counts the updates so far, and ``<role>/optimizer_steps`` gives each role's AdamW steps.
+updates (600 online, App. B): ``max_updates`` (600 in ``paper``) is the number of updates after which the run stops
+(online: joint updates; offline: Proposer and Solver updates); ``summary.json`` states the schedule the run had.
+``skipped`` marks skipped iterations, ``updates`` counts the updates so far, and ``<role>/optimizer_steps`` gives
+each role's AdamW steps.
 
 Tasks, paper vs released code, step structure, presets and ablations: ``docs/recipes/pasodoble.md``.
 """
@@ -118,8 +119,10 @@ class PasoDobleParams(GeneratorParams):
     eviction: bool = Field(False, description="offline: App. D buffer eviction (off in the paper's results)")
     eviction_patience: int = Field(3, gt=0, description="c: replays without a new peak before eviction")
     max_skips: int = Field(10, gt=0, description="offline: consecutive skipped Solver steps that end the phase")
-    max_updates: int | None = Field(None, gt=0, description="updates after which the remaining steps do nothing "
-                                                            "(paper: 600); unset: none")
+    max_updates: int | None = Field(None, gt=0, description="updates after which the run stops (paper: 600); "
+                                                            "unset: none")
+    skip_zero_advantages: bool = Field(False, description="also skip a step whose Proposer advantages are all 0 "
+                                       "(released code); Algorithms 1-2 skip only when no question is retained")
     proposer_mini_batch_size: int | None = Field(
         None, ge=0, description="sequences per Proposer AdamW step (0: the whole batch; unset: train.*)")
     proposer_epochs: int | None = Field(None, gt=0, description="passes over a Proposer batch (unset: train.*)")
@@ -209,12 +212,13 @@ class PasoDoble(GeneratorRecipe):
                        "replay_batch": 24},
         },
         "paper": {**_PAPER_SCALE, "steps": 2000,
-                  "params": {**_PAPER_SCALE["params"], "leak_filter": "off", "max_updates": 600}},
+                  "params": {**_PAPER_SCALE["params"], "leak_filter": "off", "max_updates": 600,
+                             "skip_zero_advantages": False}},
         "reference_code": {
             **_PAPER_SCALE, "steps": 2000,
             "train": {**_PAPER_SCALE["train"], "loss_agg": "token_sum_norm", "norm_constant": 6144},
             "params": {**_PAPER_SCALE["params"], "tau_sim": 0.8, "diversity_gate": "gt", "history_update": "snapshot",
-                       "leak_filter": "raw", "solver_mini_batch_size": 2},
+                       "leak_filter": "raw", "solver_mini_batch_size": 2, "skip_zero_advantages": True},
         },
     }
 
@@ -272,12 +276,31 @@ class PasoDoble(GeneratorRecipe):
         out.metrics["updates"] = float(self.updates)
         return out
 
+    def finished(self) -> bool:
+        return self.params.max_updates is not None and self.updates >= self.params.max_updates
+
+    def run_summary(self) -> dict[str, Any]:
+        """The schedule the run had: updates per role and, offline, the iterations they make up."""
+        p = self.params
+        proposer, solver = self.proposer_trainer.updates_done, self.solver_trainer.updates_done
+        if p.mode == "online":
+            schedule = f"online: {self.updates} joint updates (proposer {proposer}, solver {solver})"
+        else:
+            schedule = (f"offline: {proposer} Proposer and {solver} Solver updates, "
+                        f"{proposer / p.proposer_steps:.1f} iterations of T_P = {p.proposer_steps} + "
+                        f"T_S = {p.solver_steps}")
+        if self.finished():
+            schedule += f"; stopped at max_updates = {p.max_updates}"
+        return {"updates": self.updates, "updates_by_role": {"proposer": proposer, "solver": solver},
+                "schedule": schedule}
+
     def propose_and_retain(self, step: int, timer: PhaseTimer) -> tuple[list[Proposal], list[Proposal], bool]:
         """Proposals with their pass rates and advantages, those kept for the Solver, and whether to skip the step
-        (nothing retained, or all Proposer advantages zero)."""
+        (nothing retained; with ``skip_zero_advantages``, also all Proposer advantages zero)."""
         proposals = self.propose_and_score(step, timer)
         retained = [x for x in proposals if self.retained(x.p)]
-        return proposals, retained, not retained or not any(x.advantage for x in proposals)
+        flat = self.params.skip_zero_advantages and not any(x.advantage for x in proposals)
+        return proposals, retained, not retained or flat
 
     def online_step(self, step: int) -> StepOutput:
         timer = PhaseTimer()

@@ -39,6 +39,7 @@ from coevolve.recipes.r_zero import (
     _PAPER_SCALE,
     _PRISM_CODE,
     _PRISM_CODE_PARAMS,
+    _SMALL_TRAIN,
     Question,
     RZero,
     RZeroParams,
@@ -74,7 +75,7 @@ class Prism(RZero):
                "persistent decayed cluster counts; questioner re-initialised from the solver each iteration")
     Params = PrismParams
     presets = {
-        "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26,
+        "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26, "train": _SMALL_TRAIN,
                   "params": {"gamma": 0.95}},
         "paper": {**_PAPER_SCALE, "params": {**_PAPER_PARAMS, "advantage": "dr_grpo", "k": 128,
                                              "reference_corpus": "math_minus_math500"}},

@@ -87,34 +87,41 @@ CHAT_FORMAT = GeneratorFormat(
     lambda e: f"<question>\n{one_line(e.question)}\n</question>\n\n\\boxed{{{e.answer}}}",
     lambda e, examples, rng: QUESTIONER_PROMPT)
 
+# The optimizer of both codes (R-Zero's EasyR1 and Prism's verl actor configs), which the paper leaves open: clip
+# 0.2/0.3 with dual clip c = 3, AdamW with weight decay 0.01, started afresh by each phase's training job; a role on
+# the cosine schedule (Prism's solver) decays to 10% of the peak over a phase.
+_CODE_OPTIMIZER = {"clip_low": 0.2, "clip_high": 0.3, "dual_clip": 3.0, "weight_decay": 0.01,
+                   "optimizer_reset": "phase", "lr_min_ratio": 0.1}
+# ``small``: the same optimizer at tiny-arith scale (one full-batch AdamW step per update, so the ratio is 1 and the
+# clip ranges are inert) with a constant lr (docs/recipes/r_zero.md).
+_SMALL_TRAIN = {k: v for k, v in _CODE_OPTIMIZER.items() if k != "lr_min_ratio"}
 # The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU).
 _PAPER_SCALE = {
     "model": "smollm2-135m", "task": "math", "steps": 104, "eval_every": 26,
     "rollout": {"temperature": 1.0, "top_p": 1.0, "top_k": 40, "max_new_tokens": 2048, "batch_size": 64},
-    "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4},
+    "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4, **_CODE_OPTIMIZER},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 1024,
 }
 # Prism's scripts (verl; issue 11): per questioner step 512 prompts x 4 outputs in mini-batches of 16
 # prompts, per solver step 512 questions x 8 rollouts in mini-batches of 128 questions, 2 PPO epochs each.
 _PRISM_STEPS = {"questioner_mini_batch_size": 16 * 4, "questioner_epochs": 2,
-                "solver_mini_batch_size": 128 * 8, "solver_epochs": 2}
+                "solver_mini_batch_size": 128 * 8, "solver_epochs": 2, "solver_lr_schedule": "cosine"}
 _PAPER_PARAMS = {"questioner_prompts": 512, "questioner_group": 4, "score_samples": 10, "pool_size": 8000,
                  "label_samples": 8, "solver_questions": 512, "solver_group": 8, "question_max_tokens": 4096,
                  **_PRISM_STEPS}
 # Prism's released code where it differs from its paper (both recipes).
 _PRISM_CODE = {
     **_PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
-    "train": {**_PAPER_SCALE["train"], "lr": 1e-6, "clip_low": 0.2, "clip_high": 0.3, "weight_decay": 0.01},
+    "train": {**_PAPER_SCALE["train"], "lr": 1e-6},
 }
-_PRISM_CODE_PARAMS = {**_PAPER_PARAMS, "solver_steps": 50, "pool_p_denominator": "answered",
+_PRISM_CODE_PARAMS = {**_PAPER_PARAMS, "solver_steps": 50, "pool_p_denominator": "all",
                       "solver_format_weight": 0.1, "filter_prove": False}
 # R-Zero's own repository (EasyR1 config and scripts): 5 iterations, questioner 512 prompts x 4 in mini-batches of
 # 16 prompts, solver 512 questions x 5 in mini-batches of 128 questions, 1 PPO epoch, KL (low_var_kl) 1e-2.
 _RZERO_CODE = {
     **_PAPER_SCALE, "steps": 5 * (5 + 15), "eval_every": 20,
     "rollout": {**_PAPER_SCALE["rollout"], "max_new_tokens": 4096},
-    "train": {**_PAPER_SCALE["train"], "lr": 1e-6, "kl_beta": 1e-2, "clip_low": 0.2, "clip_high": 0.3,
-              "weight_decay": 0.01},
+    "train": {**_PAPER_SCALE["train"], "lr": 1e-6, "kl_beta": 1e-2},
     "params": {"questioner_steps": 5, "solver_steps": 15, "questioner_prompts": 512, "questioner_group": 4,
                "score_samples": 10, "pool_size": 8000, "label_samples": 9, "band": [0.3, 0.8],
                "pool_p_denominator": "all", "solver_questions": 512, "solver_group": 5, "reward_form": "code",
@@ -157,6 +164,14 @@ class RZeroParams(GeneratorParams):
     solver_mini_batch_size: int | None = Field(
         None, ge=0, description="sequences per solver AdamW step (0: the whole batch; unset: train.*)")
     solver_epochs: int | None = Field(None, gt=0, description="passes over a solver batch (unset: train.*)")
+    questioner_optimizer_reset: Literal["never", "phase"] | None = Field(
+        None, description="a fresh questioner AdamW at each questioner phase (unset: train.optimizer_reset)")
+    solver_optimizer_reset: Literal["never", "phase"] | None = Field(
+        None, description="a fresh solver AdamW at each solver phase (unset: train.optimizer_reset)")
+    questioner_lr_schedule: Literal["constant", "cosine"] | None = Field(
+        None, description="the questioner's lr over each of its phases (unset: train.lr_schedule)")
+    solver_lr_schedule: Literal["constant", "cosine"] | None = Field(
+        None, description="the solver's lr over each of its phases (unset: train.lr_schedule)")
 
     @model_validator(mode="after")
     def _check(self) -> RZeroParams:
@@ -167,8 +182,11 @@ class RZeroParams(GeneratorParams):
         return self
 
     def role_updates(self) -> dict[str, RoleUpdate]:
-        return {"questioner": RoleUpdate(self.questioner_mini_batch_size, self.questioner_epochs),
-                "solver": RoleUpdate(self.solver_mini_batch_size, self.solver_epochs)}
+        return {"questioner": RoleUpdate(self.questioner_mini_batch_size, self.questioner_epochs,
+                                         lr_schedule=self.questioner_lr_schedule,
+                                         optimizer_reset=self.questioner_optimizer_reset),
+                "solver": RoleUpdate(self.solver_mini_batch_size, self.solver_epochs,
+                                     lr_schedule=self.solver_lr_schedule, optimizer_reset=self.solver_optimizer_reset)}
 
 
 @dataclass
@@ -228,11 +246,12 @@ class RZero(GeneratorRecipe):
     summary = ("questioner and solver in alternating GRPO phases; uncertainty reward minus BLEU-cluster repetition "
                "penalty; majority-vote labels, pool band filter")
     Params = RZeroParams
+    phased = True
     formats = {"chat": CHAT_FORMAT}
     defaults = {"steps": 104, "eval_every": 26, "rollout": {"temperature": 1.0, "max_new_tokens": 64},
                 "train": {"lr": 3e-5, "grad_clip": 1.0}}
     presets = {
-        "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26},
+        "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26, "train": _SMALL_TRAIN},
         "paper": {**_PAPER_SCALE, "params": {**_PAPER_PARAMS, "advantage": "dr_grpo"}},
         "reference_code": _RZERO_CODE,
         "prism_code": {**_PRISM_CODE, "params": {**_PRISM_CODE_PARAMS, "reward_form": "code", "band": [0.3, 0.8]}},
@@ -287,6 +306,7 @@ class RZero(GeneratorRecipe):
         p, timer, seed = self.params, PhaseTimer(), self.config.seed
         if index == 0 and t > 1:  # line 2: Q_t <- Q_{t-1}, or S_{t-1} (SolverInit)
             self.init_questioner()
+        self.questioner_trainer.phase_step(index, p.questioner_steps)  # a fresh AdamW per phase, the lr schedule
         with timer("generate"):  # B_Q prompt copies x G_Q outputs
             groups = self.sample_groups(self.questioner, [self.question_prompt] * p.questioner_prompts,
                                         p.questioner_group, step_seed(seed, step, "questions"), self.question_sampling)
@@ -336,6 +356,7 @@ class RZero(GeneratorRecipe):
         p, timer, seed = self.params, PhaseTimer(), self.config.seed
         samples: list[dict[str, Any]] = []
         metrics: dict[str, Any] = {"iteration": t, "phase": "solver"}
+        self.solver_trainer.phase_step(index, p.solver_steps)  # a fresh AdamW per phase, the lr schedule
         if self.pool_iteration != t:  # lines 6-7 at the phase boundary: pool from Q_t, labels from S_{t-1}
             with timer("pool"):
                 candidates = self.build_pool(step, t)

@@ -50,6 +50,7 @@ class UpdateSettings:
     epochs: int = 1  # passes over the rollout batch (PPO epochs)
     clip_low: float = 0.2
     clip_high: float = 0.2
+    dual_clip: float | None = None  # dual-clip PPO's c (verl's clip_ratio_c); None: off
     tis_cap: float | None = None
     kl_beta: float = 0.0
     loss_agg: str = "seq_mean"  # seq_mean (GRPO) | token_sum_norm (Dr.GRPO) | token_mean (DAPO)
@@ -60,6 +61,10 @@ class UpdateSettings:
     gradient_checkpointing: bool = False
     compile: bool = False  # torch.compile each decoder layer (coevolve.rl.compiled_layers)
     fsdp: bool = False  # shard weights, gradients and AdamW state over the ranks (coevolve.distributed.shard_model)
+    lr_schedule: str = "constant"  # constant | cosine (over a phase's steps: :func:`phase_lr_factor`)
+    lr_warmup_ratio: float = 0.0
+    lr_min_ratio: float = 0.0
+    optimizer_reset: str = "never"  # never | phase (a fresh AdamW at the start of each phase)
 
 
 def update_settings(train, **resolved) -> UpdateSettings:
@@ -76,9 +81,25 @@ class RoleUpdate:
     mini_batch_size: int | None = None
     epochs: int | None = None
     lr: float | None = None
+    lr_schedule: str | None = None
+    optimizer_reset: str | None = None
 
     def apply(self, settings: UpdateSettings) -> UpdateSettings:
         return replace(settings, **{k: v for k, v in asdict(self).items() if v is not None})
+
+
+def phase_lr_factor(settings: UpdateSettings, index: int, total: int) -> float:
+    """The share of the peak ``lr`` at step ``index`` (0-based) of a phase of ``total`` steps: 1 for ``constant``;
+    for ``cosine``, a linear warm-up from 0 over the first ``lr_warmup_ratio`` of the steps, then a half cosine from
+    1 towards ``lr_min_ratio`` (verl's and EasyR1's cosine schedule over a job of ``total`` steps: the step after the
+    last would be at ``lr_min_ratio``)."""
+    if settings.lr_schedule == "constant":
+        return 1.0
+    warmup = int(settings.lr_warmup_ratio * total)
+    if index < warmup:
+        return index / warmup
+    progress = min(max((index - warmup) / max(total - warmup, 1), 0.0), 1.0)
+    return settings.lr_min_ratio + (1 - settings.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 # Packing a micro-batch into one row needs an N x N attention mask (N = its tokens); past this the mask's memory
@@ -292,6 +313,16 @@ class PolicyTrainer:
         self.updates_done = 0
         self.residency: Residency | None = None  # set by Residency.register (train.offload_idle_role)
 
+    def phase_step(self, index: int, total: int) -> None:
+        """Call before each step of a phase of ``total`` steps (``index`` 0-based): at its first step a fresh AdamW
+        when ``optimizer_reset`` is ``phase``; at every step the lr of ``lr_schedule``. Both depend only on
+        (index, total), so a resumed run gets what it would have had."""
+        if index == 0 and self.settings.optimizer_reset == "phase":
+            self.optimizer.state.clear()
+        lr = self.settings.lr * phase_lr_factor(self.settings, index, total)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def make_resident(self) -> None:
         """Bring this role's weights and optimizer state onto the accelerator when roles take turns there."""
         if self.residency is not None:
@@ -407,7 +438,7 @@ class PolicyTrainer:
             cols = slice(width - logprobs.shape[1], width)
             loss, stats = policy_loss(
                 logprobs, logprobs.detach() if old is None else old[rows, cols], advantages, mask,
-                clip_low=st.clip_low, clip_high=st.clip_high, tis_cap=st.tis_cap,
+                clip_low=st.clip_low, clip_high=st.clip_high, dual_clip=st.dual_clip, tis_cap=st.tis_cap,
                 rollout_logprobs=rollout[rows, cols],
                 ref_logprobs=ref[rows, cols] if ref is not None else None, beta=st.kl_beta,
                 agg=st.loss_agg, norm_constant=st.norm_constant, **agg_totals,
