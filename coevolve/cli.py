@@ -148,7 +148,8 @@ def run(
     if not distributed.is_main():
         return
     final = summary.get("final_eval") or {}
-    accs = "  ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in final.items() if k.startswith("eval/"))
+    accs = "  ".join(f"{k.split('/', 1)[1].replace('/accuracy', '')} {v:.3f}" for k, v in final.items()
+                     if k.startswith("eval/"))
     typer.echo(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s  {accs}")
 
 
@@ -258,7 +259,10 @@ def eval_(
     for name, s in summaries.items():
         extras = "  ".join(f"{key} {val:.3f}" for key, val in s.items()
                            if key.startswith(("pass@", "avg@")) and isinstance(val, float))
-        typer.echo(f"{name:<14} accuracy {s['accuracy']:.3f}  {extras}  n={s['n_questions']}  {s['seconds']:.1f}s")
+        typer.echo(f"{name:<14} accuracy: strict {s['accuracy']:.3f}  lenient {s['accuracy_lenient']:.3f}  {extras}  "
+                   f"n={s['n_questions']}  {s['seconds']:.1f}s")
+        if s["answer_rules"]:
+            typer.echo(f"{'':<14} strict: {s['answer_rules']['strict']}; lenient: {s['answer_rules']['lenient']}")
     if out_dir:
         typer.echo(f"results: {out_dir}")
 

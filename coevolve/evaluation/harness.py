@@ -1,5 +1,9 @@
 """Evaluate a policy on evaluation sets: prompt, sample in batches, grade, score, write results.
 
+Each completion is graded twice, from the same samples: strictly (the task's answer format, e.g. the last
+``\\boxed{}``; this is ``accuracy``, also written as ``accuracy_strict``) and leniently (the last number or
+expression in the completion: ``accuracy_lenient``). Each set's summary names both rules (``answer_rules``).
+
 Sampling settings come from a named preset (:data:`EVAL_PRESETS`, collected from the
 evaluation sections of the papers; arXiv ids in ``docs/recipes/``); explicit arguments override the preset.
 """
@@ -72,6 +76,27 @@ def parse_completion(item: EvalItem, text: str, policy: Any) -> str | None:
     return task_for(item).item_answer(item, text, _arith_style(policy))
 
 
+def parse_lenient(item: EvalItem, text: str, policy: Any) -> str | None:
+    """The answer the lenient rule reads from a completion for ``item``, or None."""
+    return task_for(item).item_lenient_answer(item, text, _arith_style(policy))
+
+
+def answer_rules(item: EvalItem, policy: Any) -> dict[str, str]:
+    """The strict and lenient extraction rules for ``item``'s task, in words."""
+    task, style = task_for(item), _arith_style(policy)
+    return {"strict": task.strict_rule(style), "lenient": task.lenient_rule(style)}
+
+
+def grade_lenient(items: Sequence[EvalItem], preds: Sequence[str | None], flags: Sequence[bool],
+                  lenient: Sequence[str | None], timeout_s: float = 5.0) -> list[bool]:
+    """Correctness of the lenient answers; where one equals the strict answer, the strict verdict is reused."""
+    out = list(flags)
+    redo = [i for i, (pred, other) in enumerate(zip(preds, lenient)) if pred != other]
+    for i, ok in zip(redo, grade_answers([items[i] for i in redo], [lenient[i] for i in redo], timeout_s)):
+        out[i] = ok
+    return out
+
+
 def grade_answers(items: Sequence[EvalItem], preds: Sequence[str | None], timeout_s: float = 5.0) -> list[bool]:
     """Correctness of each prediction against its item's gold answer, graded by its task (one batch per task)."""
     correct = [False] * len(items)
@@ -121,6 +146,8 @@ def _evaluate_set(
         bar.update(len(batch))
     preds = [parse_completion(item, c.text, policy) for item, c in zip(flat_items, completions)]
     flags = grade_answers(flat_items, preds, timeout_s)
+    lenient = [parse_lenient(item, c.text, policy) for item, c in zip(flat_items, completions)]
+    lenient_flags = grade_lenient(flat_items, preds, flags, lenient, timeout_s)
 
     records, per_question = [], []
     for q, (item, prompt) in enumerate(zip(items, prompts)):
@@ -130,6 +157,7 @@ def _evaluate_set(
             "id": item.id, "prompt": prompt, "gold": item.answer,
             "completions": [c.text for c in completions[span]],
             "extracted": preds[span], "correct": flags[span],
+            "extracted_lenient": lenient[span], "correct_lenient": lenient_flags[span],
             "finish_reasons": [c.finish_reason for c in completions[span]],
             "meta": {k: v for k, v in item.meta.items() if k != "solution"},
         })
@@ -139,6 +167,9 @@ def _evaluate_set(
         "n_questions": len(items),
         "n_samples": n,
         "accuracy": accuracy(flags) if flags else 0.0,
+        "accuracy_strict": accuracy(flags) if flags else 0.0,
+        "accuracy_lenient": accuracy(lenient_flags) if lenient_flags else 0.0,
+        "answer_rules": answer_rules(items[0], policy) if items else None,
         f"avg@{n}": avg_at_k(per_question) if per_question else 0.0,
         **{f"pass@{k}": mean_pass_at_k(per_question, k) if per_question else 0.0 for k in ks},
         "answered": sum(p is not None for p in preds) / len(preds) if preds else 0.0,

@@ -17,6 +17,14 @@ _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # A backslash escapes the next character (so "\{" and "\}" are not grouping braces, "\\{" is).
 _BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)
 _BRACE_DEPTH = {"{": 1, "}": -1}
+# Lenient numbers; each alternative is linear (digit runs, at most one optional group each).
+_NUMBER = re.compile(
+    r"(?:(?<![0-9A-Za-z)\]}])(?<![0-9A-Za-z)\]}] )[-\u2212])?"  # a sign, unless the minus is binary
+    r"(?:\\[dt]?frac\{[0-9]+\}\{[0-9]+\}"
+    r"|[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])(?:\.[0-9]+)?"
+    r"|[0-9]+(?:\.[0-9]+|/[0-9]+)?"
+    r"|\.[0-9]+)"
+)
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}")
 
 _ANSWER_IS = re.compile(r"answer(?:\s+is\b|\s*:)", re.IGNORECASE)
@@ -36,15 +44,25 @@ def extract_boxed(text: str) -> str | None:
 
     Returns None when there is no box, when the last box is never closed, or when it is empty.
     """
-    last = _last_match(_BOX_OPEN, text)
-    if last is None:
-        return None
-    depth = 0
-    for token in _BRACE_TOKEN.finditer(text, last.end() - 1):
-        depth += _BRACE_DEPTH.get(token.group(), 0)
-        if depth == 0:
-            return text[last.end() : token.start()].strip() or None
-    return None
+    box = _last_box(text)
+    return box[0] if box else None
+
+
+@parses_model_text()
+def extract_lenient(text: str) -> str | None:
+    """The last number or expression in the text: whichever ends last of the last number and the last non-empty
+    ``\\boxed{}`` content (so a boxed ``\\frac{1}{2}`` is taken whole, and a number written after a box wins).
+
+    A number is an integer, a decimal, ``a/b``, ``\\frac{a}{b}`` (also ``\\dfrac``/``\\tfrac``) or a
+    thousands-separated integer (returned without its commas), with a sign unless the minus follows a digit,
+    letter or closing bracket, or one of them and a space (``7-5`` and ``7 - 5`` give ``5``); ASCII digits only. None when the text has neither.
+    """
+    box = _last_box(text)
+    number = _last_match(_NUMBER, text)
+    if number is None or (box is not None and box[1] > number.start()):
+        return box[0] if box else None
+    value = number.group().replace(",", "")
+    return "-" + value[1:] if value.startswith("\u2212") else value
 
 
 def braces_balanced(text: str) -> bool:
@@ -160,6 +178,20 @@ def _extract_math(text: str) -> str | None:
         answer = extractor(text)
         if answer is not None:
             return answer
+    return None
+
+
+def _last_box(text: str) -> tuple[str, int] | None:
+    """(stripped content, end) of the last closed, non-empty box; None if there is none."""
+    last = _last_match(_BOX_OPEN, text)
+    if last is None:
+        return None
+    depth = 0
+    for token in _BRACE_TOKEN.finditer(text, last.end() - 1):
+        depth += _BRACE_DEPTH.get(token.group(), 0)
+        if depth == 0:
+            content = text[last.end() : token.start()].strip()
+            return (content, token.end()) if content else None
     return None
 
 

@@ -28,6 +28,7 @@ from coevolve.grading.equivalence import batch_equivalent
 from coevolve.grading.extract import extract_answer
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+STRICT_RULE = "last \\boxed{} (else <answer> tags, ####, an 'A:' line, 'the answer is')"
 
 
 def solver_prompt(question: str) -> str:

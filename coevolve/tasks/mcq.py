@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from coevolve.grading.extract import extract_choice
 
 LETTERS = string.ascii_uppercase
+STRICT_RULE = "choice letter: \\boxed{}, <answer> tags, 'the answer is', a lone last line, the last '(X)'"
 INSTRUCTION = (
     "Think step by step, then give your final answer as the letter of the correct choice only, "
     "within \\boxed{} (for example \\boxed{A})."

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from coevolve.data.benchmarks import EvalItem, load_benchmark
+from coevolve.grading.extract import extract_lenient
 from coevolve.tasks import arith
 from coevolve.tasks import math as math_task
 from coevolve.tasks import mcq as mcq_task
+
+LENIENT_RULE = "last number or expression (a number, a/b, \\frac{a}{b} or \\boxed{}, whichever ends last)"
 
 
 class TaskDataError(RuntimeError):
@@ -59,7 +62,20 @@ class Task:
         return self.solver_prompt(item.question, None, style)
 
     def item_answer(self, item: EvalItem, completion: str, style: str) -> str | None:
+        """The strict answer: what the task's answer format (:meth:`strict_rule`) gives."""
         return self.parse_answer(completion, style)
+
+    def item_lenient_answer(self, item: EvalItem, completion: str, style: str) -> str | None:
+        """The lenient answer: the last number or expression in the completion (:data:`LENIENT_RULE`)."""
+        return extract_lenient(completion)
+
+    def strict_rule(self, style: str) -> str:
+        """How :meth:`item_answer` reads a completion, in words (named in evaluation summaries)."""
+        raise NotImplementedError
+
+    def lenient_rule(self, style: str) -> str:
+        """How :meth:`item_lenient_answer` reads a completion, in words."""
+        return LENIENT_RULE
 
     def grade(self, preds: Sequence[str | None], golds: Sequence[str], timeout_s: float) -> list[bool]:
         """Evaluation grading of a batch of extracted answers against gold answers."""
@@ -83,6 +99,10 @@ class ArithTask(Task):
 
     def parse_answer(self, completion, style):
         return arith.parse_answer(completion, style)
+
+    def strict_rule(self, style):
+        """Compact (tiny-arith): the last ``A:`` line; chat: the last ``\\boxed{}``."""
+        return "last 'A:' line" if style == "compact" else "last \\boxed{}"
 
     def is_correct(self, answer, gold):
         value = _as_int(answer)
@@ -121,6 +141,9 @@ class MathTask(Task):
     def grade(self, preds, golds, timeout_s):
         return math_task.grade(preds, golds, timeout_s)
 
+    def strict_rule(self, style):
+        return math_task.STRICT_RULE
+
     def is_correct(self, answer, gold):
         from coevolve.grading.equivalence import answers_equivalent
 
@@ -145,6 +168,16 @@ class MCQTask(Task):
 
     def item_answer(self, item, completion, style):
         return mcq_task.parse_answer(completion, len(item.choices or ()))
+
+    def item_lenient_answer(self, item, completion, style):
+        """The strict choice letter: its extraction already falls back to free text (a number is no choice)."""
+        return self.item_answer(item, completion, style)
+
+    def strict_rule(self, style):
+        return mcq_task.STRICT_RULE
+
+    def lenient_rule(self, style):
+        return "same as strict"
 
     def grade(self, preds, golds, timeout_s):
         return mcq_task.grade(preds, golds)
