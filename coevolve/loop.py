@@ -43,7 +43,8 @@ def _tensorboard(root: Path, purge_step: int | None):
 
 
 def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: int) -> dict[str, float]:
-    """Greedy accuracy of the recipe's solver on the configured evaluation sets (one metrics row)."""
+    """Greedy accuracy of the recipe's solver on the configured evaluation sets (one metrics row):
+    ``eval/<set>/accuracy`` (strict answer format) and ``eval/<set>/accuracy_lenient`` (last number or expression)."""
     from coevolve.evaluation.harness import evaluate
 
     if not config.eval_sets:
@@ -55,7 +56,7 @@ def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: in
                          seed=config.seed, data_dir=config.data_dir,
                          out_dir=store.eval_dir / f"step_{step:06d}" if distributed.is_main() else None,
                          progress=False)
-    row = {f"eval/{name}/accuracy": s["accuracy"] for name, s in summaries.items()}
+    row = {f"eval/{name}/{key}": s[key] for name, s in summaries.items() for key in ("accuracy", "accuracy_lenient")}
     row["time/eval_s"] = time.perf_counter() - started
     row.update(recipe.engine_metrics())
     row.update(pop_bound_counts())  # model text the evaluation's parsers refused (bounds/*)
@@ -136,8 +137,8 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
             eval_row = evaluate_solver(recipe, config, store, step)
             log_row(step, eval_row)
             if main:
-                bar.write(f"step {step}: " + "  ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in eval_row.items()
-                                                       if k.startswith("eval/")))
+                bar.write(f"step {step}: " + "  ".join(f"{k.split('/', 1)[1].replace('/accuracy', '')} {v:.3f}"
+                                                       for k, v in eval_row.items() if k.startswith("eval/")))
         if step % config.checkpoint_every == 0 or step == config.steps or stop:  # every rank: sharded state gathered
             store.save_checkpoint(step, models, optimizers, {
                 "time_s": now(), "loop_recipe": recipe.state_dict(),

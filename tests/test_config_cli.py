@@ -92,6 +92,7 @@ def test_run_writes_the_run_directory(tmp_path, random_model_dir):
     assert [r["step"] for r in train_rows] == [1, 2]
     assert all("time_s" in r for r in rows)
     assert [r["step"] for r in rows if "eval/arith_l1/accuracy" in r] == [0, 2]
+    assert [r["step"] for r in rows if "eval/arith_l1/accuracy_lenient" in r] == [0, 2]  # same samples, both rules
     assert len((out / "samples" / "step_000001.jsonl").read_text().splitlines()) == 4
     assert (out / "checkpoints" / "step_000002" / "solver.safetensors").exists()
     assert (out / "summary.json").exists()
@@ -101,7 +102,7 @@ def test_run_writes_the_run_directory(tmp_path, random_model_dir):
     assert again.returncode == 2 and "--resume" in again.stderr
     ev = _cli("eval", str(out), "--sets", "arith_l1", "--limit", "3", "--max-new-tokens", "8", cwd=tmp_path)
     assert ev.returncode == 0, ev.stderr
-    assert "arith_l1" in ev.stdout and (out / "eval" / "step_000002").exists()
+    assert "arith_l1" in ev.stdout and "lenient" in ev.stdout and (out / "eval" / "step_000002").exists()
 
 
 def test_eval_with_missing_data_is_one_clear_line(tmp_path, random_model_dir):

@@ -133,3 +133,18 @@ def test_coevolve_eval_names_both_rules(tmp_path, random_model_dir) -> None:
     summary = json.loads((tmp_path / "arith_l1" / "summary.json").read_text())
     assert summary["accuracy_strict"] == summary["accuracy"]
     assert summary["answer_rules"] == {"strict": "last 'A:' line", "lenient": LENIENT_RULE}
+
+
+def test_report_shows_lenient_next_to_strict(tmp_path) -> None:
+    from test_analytics import make_fake_run
+
+    from coevolve.analytics.report import write_report
+
+    run_dir = make_fake_run(tmp_path / "run", steps=2, iterations=1)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        if "eval/arith_l1/accuracy" in row:
+            row["eval/arith_l1/accuracy_lenient"] = 0.875
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_report(run_dir, embed=False).read_text()
+    assert "<th>final accuracy (strict)</th><th>lenient</th>" in page and ">0.875<" in page

@@ -101,8 +101,9 @@ def _fig_accuracy(run: RunData, an: dict[str, Any]) -> Figure | None:
     if not sets:
         return None
     fig, ax = new_figure()
-    plot_lines(ax[0, 0], _metric_lines(run, [f"eval/{s}/accuracy" for s in sets], lambda k: k.split("/")[1]),
-           "evaluation accuracy", "accuracy", unit_range=True)
+    keys = [f"eval/{s}/{key}" for s in sets for key in ("accuracy", "accuracy_lenient")]
+    plot_lines(ax[0, 0], _metric_lines(run, keys, lambda k: k.split("/", 1)[1].replace("/accuracy", "")),
+           "evaluation accuracy (strict; _lenient: last number or expression)", "accuracy", unit_range=True)
     return fig
 
 
@@ -400,9 +401,11 @@ def _summary_html(run: RunData, an: dict[str, Any]) -> str:
     for s in run.eval_sets():
         steps, values = run.series(f"eval/{s}/accuracy")
         best = int(np.argmax(values))
-        acc_rows.append([s, values[-1], steps[-1], values[best], steps[best]])
+        lenient = dict(zip(*run.series(f"eval/{s}/accuracy_lenient")))
+        acc_rows.append([s, values[-1], lenient.get(steps[-1]), steps[-1], values[best], steps[best]])
     if acc_rows:
-        parts.append(html_table(["eval set", "final accuracy", "at step", "best accuracy", "at step"], acc_rows))
+        parts.append(html_table(["eval set", "final accuracy (strict)", "lenient", "at step", "best accuracy",
+                                 "at step"], acc_rows))
     o = an["overall"]
     clusters = o["diversity"]["clusters"] or {}
     parts.append(html_table(["whole run", "value"], [
