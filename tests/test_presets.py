@@ -123,10 +123,12 @@ def test_pasodoble_counts_updates():
 TTRL_TABLE = {
     "paper": {"vote_samples": 64, "train_samples": 32, "questions_per_step": 32, "pool_source": "math500",
               "pool_size": 500, "subset": "first", "config.steps": 160, "config.rollout.temperature": 0.6,
-              "config.rollout.max_new_tokens": 3072, "train.lr": 5e-7, "train.kl_beta": 0.0},
+              "config.rollout.max_new_tokens": 3072, "train.lr": 5e-7, "train.lr_schedule": "cosine",
+              "train.lr_warmup_ratio": 0.0, "train.kl_beta": 0.0},
     "reference_code": {"vote_samples": 64, "train_samples": 32, "questions_per_step": 32, "pool_source": "math500",
                        "subset": "first", "config.rollout.temperature": 1.0, "config.rollout.max_new_tokens": 3072,
-                       "train.lr": 5e-7, "train.kl_beta": 1e-3},
+                       "train.lr": 5e-7, "train.lr_schedule": "cosine", "train.lr_warmup_ratio": 0.03,
+                       "train.kl_beta": 1e-3},
 }
 
 

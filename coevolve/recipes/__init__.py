@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 from coevolve.config import ConfigError, RunConfig, deep_merge, load_yaml, parse_set, validate
 from coevolve.formats import GeneratorFormat
-from coevolve.recipes import dynamic_rl, grpo, infuser, opensir, pasodoble, prism, r_zero  # noqa: F401  (importing registers each recipe)
+from coevolve.recipes import dynamic_rl, grpo, infuser, opensir, pasodoble, prism, r_zero, ttrl  # noqa: F401  (importing registers each recipe)
 from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
 from coevolve.recipes.generator import GeneratorRecipe
 

@@ -1,0 +1,273 @@
+"""TTRL: test-time reinforcement learning with majority-vote rewards on unlabeled questions (the label-free baseline).
+
+Paper: TTRL: Test-Time Reinforcement Learning (Zuo et al. 2025, arXiv:2504.16084, NeurIPS 2025), §3. Given a fixed
+set D of unlabeled questions (a benchmark's questions with their answers hidden, or a task's training problems) and
+the policy pi_theta, repeat for ``steps`` steps:
+
+    1. draw a batch of B questions x from D (one shuffled pass over D after another);
+    2. sample N answers {y_i} ~ pi_theta(.|x) for the vote (paper: N = 64);
+    3. estimate the label y* = the majority answer among the parseable {y_i} (an unparseable answer never wins; a tie
+       between the largest classes is broken by a seeded draw);
+    4. keep a subset of M of the N samples for the update (paper: 32; the code keeps the first M);
+    5. reward r(y_i, y*) = 1 if y_i agrees with y*, else 0;
+    6. GRPO advantages over each question's M rewards; one policy-gradient update on the B x M samples.
+
+The ground truth of D is never a reward (``label_source: ground_truth`` swaps it in: GRPO on the same questions, the
+paper's "RL (leakage)" upper bound); where the task has it, it only measures the label: per step
+``ttrl/label_accuracy`` (majority label = ground truth; ``ttrl/label_error_rate`` = 1 - it), ``reward/correct`` (the
+ground-truth reward of the trained samples) and ``ttrl/reward_accuracy`` (share of trained samples whose majority
+reward equals their ground-truth reward), with ``ttrl/majority_ratio`` (support / N), ``ttrl/vote_margin`` ((winner -
+runner-up) / N) and ``ttrl/majority_changed_rate`` (questions seen before whose majority answer changed since they were
+last voted on). The collapse step (URLVR, arXiv:2603.08660) is read off the metrics by
+:mod:`coevolve.analytics.collapse`.
+
+Paper vs released code, presets and what the small preset changes: ``docs/recipes/ttrl.md``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from coevolve.data.benchmarks import load_benchmark
+from coevolve.grading.equivalence import normalize_answer, verify_equivalent
+from coevolve.grading.vote import VoteResult
+from coevolve.models import Policy
+from coevolve.recipes.base import (
+    ArithLevels,
+    PhaseTimer,
+    Recipe,
+    RecipeParams,
+    StepOutput,
+    mean,
+    register,
+    role_metrics,
+    step_seed,
+    train_samples,
+)
+from coevolve.records import solver_row
+from coevolve.rewards.majority import agreement_rewards, seeded_vote, vote_margin
+from coevolve.rl.advantages import compute_advantages
+from coevolve.rl.trainer import PolicyTrainer
+from coevolve.tasks.registry import Problem, get_task
+
+# The paper's MATH-500 run (its §4 settings): Qwen2.5-Math on the 500 test questions, 10 episodes of 32 questions a
+# step, 64 votes and 32 trained samples, AdamW at lr 5e-7 on a cosine schedule, 3072 new tokens, no KL term; on the
+# one offline chat model.
+_PAPER = {
+    "model": "smollm2-135m", "task": "math", "steps": 10 * 16, "eval_every": 16,
+    "rollout": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 3072},
+    "train": {"lr": 5e-7, "lr_schedule": "cosine", "kl_beta": 0.0, "micro_batch_size": 2, "mini_batch_size": 32,
+              "epochs": 1},
+    "params": {"pool_source": "math500", "pool_size": 500, "questions_per_step": 32, "vote_samples": 64,
+               "train_samples": 32, "subset": "first"},
+    "eval_sets": ["math500"], "eval_limit": None, "eval_max_new_tokens": 3072,
+}
+# The released code's MATH-500 script (verl): rollout temperature 1.0, verl's KL loss (low_var_kl, coefficient 0.001)
+# and a 3% lr warm-up where the paper states 0.6, no KL and a plain cosine; one AdamW step per prompt
+# (ppo_mini_batch_size 1 = 32 sequences), as in the paper preset.
+_REFERENCE_CODE = {
+    **_PAPER,
+    "rollout": {**_PAPER["rollout"], "temperature": 1.0, "top_p": 1.0},
+    "train": {**_PAPER["train"], "kl_beta": 1e-3, "lr_warmup_ratio": 0.03},
+}
+
+
+class TTRLParams(RecipeParams):
+    pool_source: str = Field("train", description="D: 'train' (the task's training problems) or a benchmark "
+                                                   "name whose questions are used with their answers hidden")
+    pool_size: int = Field(256, gt=0, description="|D|, questions in the fixed pool (a benchmark: at most all)")
+    levels: ArithLevels = Field([2], description="arith, pool_source train: difficulty levels of D")
+    train_split: str = Field("train", description="math, pool_source train: the training file (gsm8k train)")
+    questions_per_step: int = Field(8, gt=0, description="B, questions per step")
+    vote_samples: int = Field(16, gt=1, description="N, samples per question for the majority vote (paper: 64)")
+    train_samples: int = Field(8, gt=1, description="M <= N, samples per question in the update (paper: 32)")
+    subset: Literal["first", "random"] = Field(
+        "first", description="which M of the N samples train: the first M (the code) or M drawn with the step's seed")
+    label_source: Literal["majority", "ground_truth"] = Field(
+        "majority", description="reward against the majority answer (TTRL) or the hidden ground truth (GRPO on D)")
+    advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="(r-mean)/(std+eps) or r-mean")
+
+    @model_validator(mode="after")
+    def _check(self) -> TTRLParams:
+        if self.train_samples > self.vote_samples:
+            raise ValueError(f"train_samples {self.train_samples} must not exceed vote_samples {self.vote_samples}")
+        return self
+
+
+@dataclass
+class Voted:
+    """One question of the step: its pool index, the N samples, their answers and the vote."""
+
+    index: int
+    problem: Problem
+    group: list  # the N completions
+    answers: list[str | None]
+    vote: VoteResult
+    trained: list[int]  # indices of the M samples in the update
+    rewards: list[float]  # of the trained samples
+    label_correct: bool | None  # majority label = ground truth (None: no ground truth)
+
+
+def training_subset(n: int, m: int, how: str, seed: int) -> list[int]:
+    """Indices of the M of N samples that enter the update: the first M (TTRL's code) or M drawn with ``seed``."""
+    if how == "first":
+        return list(range(m))
+    return sorted(random.Random(seed).sample(range(n), m))
+
+
+@register
+class TTRL(Recipe):
+    name = "ttrl"
+    summary = ("baseline: test-time RL on unlabeled questions; reward 1 for agreeing with the majority answer of N "
+               "samples, GRPO on a subset")
+    Params = TTRLParams
+    defaults = {"steps": 200, "eval_every": 25, "train": {"lr": 5e-5}, "rollout": {"max_new_tokens": 64}}
+    presets = {
+        "small": {"model": "tiny-arith", "task": "arith", "steps": 200, "eval_every": 25,
+                  "eval_sets": ["arith_l1", "arith_l2", "arith_l3", "arith_l4"]},
+        "paper": _PAPER,
+        "reference_code": _REFERENCE_CODE,
+    }
+
+    def __init__(self, config, params: TTRLParams):
+        super().__init__(config, params)
+        self.task = get_task(config.task, data_dir=config.data_dir)
+        self.policy = self.load_policy()
+        self.trainer = self.make_trainer(self.policy)
+        self.pool = self.build_pool()
+        self.vote_equivalence = None if self.task.name == "arith" else verify_equivalent
+        self.last_label: dict[str, str | None] = {}  # question id -> its majority answer when last voted on
+
+    @classmethod
+    def data_sets(cls, config, params: TTRLParams):
+        if params.pool_source == "train":
+            extra = ["gsm8k_train" if params.train_split == "train" else params.train_split] \
+                if config.task == "math" else []
+        else:
+            extra = [params.pool_source]
+        return super().data_sets(config, params) + extra
+
+    def trainers(self) -> dict[str, PolicyTrainer]:
+        return {"solver": self.trainer}
+
+    def solver(self) -> Policy:
+        return self.policy
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_label": dict(self.last_label)}
+
+    def load_state_dict(self, state) -> None:
+        self.last_label = dict(state["last_label"])
+
+    def build_pool(self) -> list[Problem]:
+        """D, fixed by the run's seed: ``pool_size`` training problems, or a benchmark's questions (answers kept only
+        for the label telemetry)."""
+        p = self.params
+        if p.pool_source == "train":
+            return self.task.training_problems(random.Random(step_seed(self.config.seed, 0, "pool")), p.pool_size,
+                                               levels=p.levels, split=p.train_split)
+        items = load_benchmark(p.pool_source, data_dir=self.config.data_dir, limit=p.pool_size,
+                               seed=self.config.seed)
+        return [Problem(item.question, item.answer, item.meta.get("doc")) for item in items]
+
+    def batch(self, step: int) -> list[int]:
+        """Pool indices of step ``step``'s B questions: shuffled passes over D (epoch e in its own seeded order)."""
+        size, n = len(self.pool), self.params.questions_per_step
+        out = []
+        for i in range((step - 1) * n, step * n):
+            epoch, position = divmod(i, size)
+            order = list(range(size))
+            random.Random(step_seed(self.config.seed, epoch, "pool_order")).shuffle(order)
+            out.append(order[position])
+        return out
+
+    def step(self, step: int) -> StepOutput:
+        p, timer, seed = self.params, PhaseTimer(), self.config.seed
+        indices = self.batch(step)
+        problems = [self.pool[i] for i in indices]
+        prompts = [self.policy.format_prompt(self.task.solver_prompt(q.question, q.doc, self.policy.prompt_style))
+                   for q in problems]
+        with timer("solve"):  # line 2: N samples per question
+            solved = self.solve_groups(self.policy, prompts, p.vote_samples, step_seed(seed, step, "solve"))
+        with timer("reward"):  # lines 3-5
+            voted = [self.vote(step, index, problem, group, answers)
+                     for index, problem, (group, answers) in zip(indices, problems, solved)]
+            rewards = [r for v in voted for r in v.rewards]
+            group_ids = [g for g, v in enumerate(voted) for _ in v.trained]
+            advantages = compute_advantages(p.advantage, rewards, group_ids)  # line 6
+        with timer("update_solver"):
+            self.trainer.phase_step(step - 1, self.config.steps)  # the lr schedule runs over the whole run
+            completions = [v.group[i] for v in voted for i in v.trained]
+            stats = self.trainer.update(train_samples(completions, advantages, "solver"))
+        metrics = self.vote_metrics(voted)  # before ``last_label`` moves on
+        for v in voted:
+            self.last_label[f"pool{v.index}"] = v.vote.label
+        return StepOutput(
+            metrics={"solver/reward_mean": mean(rewards), **metrics,
+                     "solver/advantage_abs_mean": mean([abs(float(a)) for a in advantages]),
+                     "tokens/solver": sum(len(c.token_ids) for v in voted for c in v.group),
+                     **role_metrics("solver", stats), **timer},
+            samples=self.records(step, voted, advantages))
+
+    def vote(self, step: int, index: int, problem: Problem, group: list, answers: list[str | None]) -> Voted:
+        """The majority label of one question's N answers, the M trained samples and their rewards."""
+        p, seed = self.params, self.config.seed
+        vote = seeded_vote(answers, step_seed(seed, step, f"tie:{index}"), self.vote_equivalence)
+        trained = training_subset(p.vote_samples, p.train_samples, p.subset, step_seed(seed, step, f"subset:{index}"))
+        if p.label_source == "majority":
+            rewards = agreement_rewards(vote, trained)
+        else:
+            rewards = [float(self.task.is_correct(answers[i], problem.answer)) for i in trained]
+        label_correct = vote.label is not None and self.task.is_correct(vote.label, problem.answer)
+        return Voted(index, problem, group, answers, vote, trained, rewards, label_correct)
+
+    def vote_metrics(self, voted: list[Voted]) -> dict[str, float]:
+        """The vote's telemetry: label accuracy against the hidden ground truth, margin, changes since last seen."""
+        trained_answers = [(v.answers[i], v.vote.agree[i], v.problem.answer) for v in voted for i in v.trained]
+        truth = [float(self.task.is_correct(a, gold)) for a, _, gold in trained_answers]
+        seen = [v for v in voted if f"pool{v.index}" in self.last_label]
+        label_accuracy = mean([float(v.label_correct) for v in voted])
+        return {
+            "reward/agree": mean([float(agree) for _, agree, _ in trained_answers]),
+            "reward/correct": mean(truth),
+            "ttrl/label_accuracy": label_accuracy,
+            "ttrl/label_error_rate": 1.0 - label_accuracy,
+            "ttrl/reward_accuracy": mean([float(float(agree) == t) for (_, agree, _), t in zip(trained_answers, truth)]),
+            "ttrl/majority_ratio": mean([v.vote.p for v in voted]),
+            "ttrl/vote_margin": mean([vote_margin(v.vote) for v in voted]),
+            "ttrl/no_label_rate": mean([float(v.vote.label is None) for v in voted]),
+            "ttrl/majority_changed_rate": mean([float(_changed(self.last_label[f"pool{v.index}"], v.vote.label))
+                                                for v in seen]),
+            "ttrl/seen_before_rate": len(seen) / len(voted),
+            "solver/none_rate": mean([float(a is None) for v in voted for a in v.answers]),
+        }
+
+    def records(self, step: int, voted: list[Voted], advantages) -> list[dict[str, Any]]:
+        """One solver row per vote sample; ``trained`` marks the M that entered the update."""
+        rows, k = [], 0
+        label_source = "majority" if self.params.label_source == "majority" else "ground_truth"
+        for v in voted:
+            trained = {i: j for j, i in enumerate(v.trained)}
+            for i, (c, a) in enumerate(zip(v.group, v.answers)):
+                in_update = i in trained
+                label = v.vote.label if label_source == "majority" else v.problem.answer
+                rows.append(solver_row(
+                    step, None, "solve", c, question=v.problem.question, question_id=f"pool{v.index}", answer=a,
+                    label=label, label_source=label_source, solve_rate=v.vote.p,
+                    reward=v.rewards[trained[i]] if in_update else None,
+                    reward_terms={"agree": float(v.vote.agree[i])},
+                    advantage=float(advantages[k + trained[i]]) if in_update else None, trained=in_update,
+                    vote_margin=vote_margin(v.vote),
+                    oracle=self.task.oracle(v.problem.question, v.problem.doc, a, label)))
+            k += len(v.trained)
+        return rows
+
+
+def _changed(before: str | None, now: str | None) -> bool:
+    """Whether a question's majority answer differs from the one it had when last voted on."""
+    return (normalize_answer(before) if before is not None else None) != (
+        normalize_answer(now) if now is not None else None)

@@ -1,0 +1,204 @@
+"""TTRL: the seeded majority vote and its reward on worked examples, the training subset, the recipe's step on canned
+samples (ground truth never a reward), two real steps that move the policy, and a run killed mid-step that resumes as
+the uninterrupted run trained (the vote history included)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from run_checks import assert_same_training, train_rows
+from typer.testing import CliRunner
+
+from coevolve.cli import app
+from coevolve.recipes import resolve
+from coevolve.recipes.ttrl import training_subset
+from coevolve.rewards.majority import agreement_rewards, seeded_vote, vote_margin
+from coevolve.rollout import Completion
+from coevolve.rollout.hf import encode_prompt
+from coevolve.tasks import arith
+
+
+# --- the vote and the reward ----------------------------------------------------------------------
+def test_unparseable_answers_never_form_the_majority():
+    vote = seeded_vote(["3", None, None, "3", "5", None, None], seed=0)
+    assert (vote.label, vote.support, vote.n, vote.n_valid) == ("3", 2, 7, 3)
+    assert agreement_rewards(vote, range(7)) == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    assert vote.p == pytest.approx(2 / 7) and vote_margin(vote) == pytest.approx(1 / 7)
+
+
+def test_no_parseable_answer_gives_no_label_and_no_reward():
+    vote = seeded_vote([None, "", None], seed=0)
+    assert vote.label is None and agreement_rewards(vote, [0, 1, 2]) == [0.0, 0.0, 0.0] and vote_margin(vote) == 0.0
+
+
+def test_a_majority_of_wrong_answers_is_rewarded_and_the_right_minority_is_not():
+    answers = ["41", "41", "42", "41", "42"]  # the truth is 42
+    vote = seeded_vote(answers, seed=0)
+    assert vote.label == "41" and agreement_rewards(vote, range(5)) == [1.0, 1.0, 0.0, 1.0, 0.0]
+    assert vote_margin(vote) == pytest.approx(1 / 5)
+
+
+def test_ties_are_broken_by_the_seed_and_only_among_the_largest_classes():
+    answers = ["7", "4", "4", "9", "7", None, None, None]  # 7 and 4 tie at 2; the three unparseable ones do not count
+    labels = {seed: seeded_vote(answers, seed).label for seed in range(40)}
+    assert set(labels.values()) == {"7", "4"}  # either can win, never "9" or None
+    assert all(seeded_vote(answers, seed).label == label for seed, label in labels.items())  # same seed, same label
+    for seed in (0, 1, 2):
+        vote = seeded_vote(answers, seed)
+        assert agreement_rewards(vote, range(8)) == [float(a == vote.label) for a in answers]
+        assert vote.support == 2 and vote_margin(vote) == 0.0
+
+
+def test_equivalent_answers_vote_together():
+    vote = seeded_vote(["1/2", "0.5", "3"], seed=0, equivalent=lambda a, b: {a, b} == {"1/2", "0.5"})
+    assert vote.label == "1/2" and vote.support == 2 and vote.agree == [True, True, False]
+
+
+def test_training_subset():
+    assert training_subset(8, 3, "first", seed=5) == [0, 1, 2]
+    drawn = training_subset(64, 32, "random", seed=5)
+    assert drawn == sorted(set(drawn)) and len(drawn) == 32 and all(0 <= i < 64 for i in drawn)
+    assert drawn == training_subset(64, 32, "random", seed=5) and drawn != training_subset(64, 32, "random", seed=6)
+    assert training_subset(4, 4, "random", seed=1) == [0, 1, 2, 3]
+
+
+def test_params_need_the_subset_inside_the_vote():
+    with pytest.raises(Exception, match="train_samples"):
+        resolve("ttrl", sets=["params.vote_samples=4", "params.train_samples=8"])
+
+
+# --- one step on canned samples -------------------------------------------------------------------
+def _canned(tokenizer, texts_of):
+    def sample_groups(policy, prompts, group_size, seed, sampling=None):
+        groups = []
+        for g, prompt in enumerate(prompts):
+            right = arith.evaluate(prompt.removeprefix("Q:").removesuffix("=?\n"))
+            texts = texts_of(g, right)
+            assert len(texts) == group_size
+            groups.append([Completion(prompt, encode_prompt(tokenizer, prompt),
+                                      tokenizer(t, add_special_tokens=False)["input_ids"], t, [-1.0] * len(t), "eos")
+                           for t in texts])
+        return groups
+    return sample_groups
+
+
+def _texts(g, right):
+    """Question 0: a majority of wrong answers; 1: mostly unparseable, the right answer the largest class; 2: a
+    tie between the right and a wrong answer."""
+    wrong = f"A:{right + 1}"
+    return [[wrong, wrong, wrong, f"A:{right}", f"A:{right}", "S:?"],
+            ["S:?", "S:?", "S:?", f"A:{right}", f"A:{right}", wrong],
+            [f"A:{right}", wrong, f"A:{right}", wrong, "S:?", "S:?"]][g]
+
+
+def _recipe(model_dir, *extra):
+    config, params, cls = resolve("ttrl", sets=[f"model={model_dir}", "eval_sets=[]", "params.pool_size=3",
+                                                "params.questions_per_step=3", "params.vote_samples=6",
+                                                "params.train_samples=4", *extra])
+    return cls(config, params)
+
+
+def test_step_rewards_agreement_with_the_majority_never_the_ground_truth(random_model_dir):
+    recipe = _recipe(random_model_dir)
+    recipe.sample_groups = _canned(recipe.policy.tokenizer, _texts)
+    recipe.batch = lambda step: [0, 1, 2]  # pool order fixed for the worked example
+    out = recipe.step(1)
+    rows = out.samples
+    assert len(rows) == 3 * 6 and [r["trained"] for r in rows[:6]] == [True] * 4 + [False] * 2
+    truth = [str(arith.evaluate(recipe.pool[i].question, recipe.pool[i].doc)) for i in range(3)]
+    assert [recipe.pool[i].answer for i in range(3)] == truth
+    q0, q1, q2 = rows[:6], rows[6:12], rows[12:]
+    assert q0[0]["label"] != truth[0] and [r["reward"] for r in q0[:4]] == [1.0, 1.0, 1.0, 0.0]  # the wrong majority
+    assert q1[0]["label"] == truth[1] and [r["reward"] for r in q1[:4]] == [0.0, 0.0, 0.0, 1.0]  # None never wins
+    tie_label = q2[0]["label"]
+    assert tie_label in {truth[2], str(int(truth[2]) + 1)}
+    assert [r["reward"] for r in q2[:4]] == [float(r["answer"] == tie_label) for r in q2[:4]]
+    assert all(r["label_source"] == "majority" and r["oracle"]["label_correct"] == (r["label"] == truth[i // 6])
+               for i, r in enumerate(rows))
+    m = out.metrics
+    assert m["ttrl/label_accuracy"] == pytest.approx((0 + 1 + (tie_label == truth[2])) / 3)
+    assert m["ttrl/label_error_rate"] == pytest.approx(1 - m["ttrl/label_accuracy"])
+    assert m["ttrl/majority_ratio"] == pytest.approx((3 + 2 + 2) / 18)
+    assert m["ttrl/vote_margin"] == pytest.approx((1 / 6 + 1 / 6 + 0) / 3)
+    assert m["reward/correct"] == pytest.approx((1 + 1 + 2) / 12)  # the right answers among the 12 trained samples
+    assert m["solver/optimizer_steps"] == 1 and m["ttrl/seen_before_rate"] == 0.0
+    # the same questions again, now with the right answer the clear majority of question 0: its label changes
+    recipe.sample_groups = _canned(recipe.policy.tokenizer,
+                                   lambda g, right: [f"A:{right}"] * 4 + ["S:?"] * 2 if g == 0 else _texts(g, right))
+    again = recipe.step(2)
+    tie_changed = again.samples[12]["label"] != tie_label  # a tie is drawn again with step 2's seed
+    assert again.samples[0]["label"] == truth[0] and again.samples[6]["label"] == truth[1]
+    assert again.metrics["ttrl/seen_before_rate"] == 1.0
+    assert again.metrics["ttrl/majority_changed_rate"] == pytest.approx((1 + tie_changed) / 3)
+
+
+def test_ground_truth_arm_rewards_the_hidden_answer(random_model_dir):
+    recipe = _recipe(random_model_dir, "params.label_source=ground_truth")
+    recipe.sample_groups = _canned(recipe.policy.tokenizer, _texts)
+    recipe.batch = lambda step: [0, 1, 2]
+    rows = recipe.step(1).samples
+    assert [r["reward"] for r in rows[:4]] == [0.0, 0.0, 0.0, 1.0]
+    assert all(r["label_source"] == "ground_truth" for r in rows)
+
+
+def test_pool_is_fixed_by_the_seed_and_passes_cover_it(random_model_dir):
+    recipe = _recipe(random_model_dir, "params.pool_size=5", "params.questions_per_step=2")
+    assert [q.question for q in recipe.pool] == [q.question for q in _recipe(random_model_dir, "params.pool_size=5")
+                                                 .pool]
+    assert all(arith.level_of(q.question, q.doc) == 2 for q in recipe.pool)
+    first_pass = recipe.batch(1) + recipe.batch(2) + recipe.batch(3)[:1]
+    assert sorted(first_pass) == list(range(5))
+
+
+# --- real steps on the test model ------------------------------------------------------------------
+def test_two_steps_update_the_policy(small_tiny_arith):
+    recipe = _recipe(small_tiny_arith[1], "params.vote_samples=8", "params.train_samples=4",
+                     "rollout.max_new_tokens=32", "train.lr=1e-3")
+    before = {k: v.detach().clone() for k, v in recipe.policy.model.named_parameters()}
+    metrics = [recipe.step(step).metrics for step in (1, 2)]
+    assert all(m["solver/optimizer_steps"] == 1 and m["solver/grad_norm"] > 0 for m in metrics)
+    moved = sum(float((p.detach() - before[k]).abs().sum()) for k, p in recipe.policy.model.named_parameters())
+    assert moved > 0 and torch.isfinite(torch.tensor(moved))
+
+
+TTRL_RUN = ["run", "ttrl", "--quiet", "--set", "steps=3", "--set", "params.pool_size=3", "--set",
+            "params.questions_per_step=2", "--set", "params.vote_samples=8", "--set", "params.train_samples=4",
+            "--set", "rollout.max_new_tokens=32", "--set", "train.lr=1e-3", "--set", "eval_sets=[arith_l1]",
+            "--set", "eval_limit=8", "--set", "eval_every=0"]
+_KILL_AFTER_STEP_2_SAMPLES = """
+import os, signal, sys
+import coevolve.store as store
+original = store.RunStore.write_samples
+def wrapped(self, step, records):
+    original(self, step, records)
+    if step == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+store.RunStore.write_samples = wrapped
+from coevolve.cli import app
+sys.argv[0] = "coevolve"
+app()
+"""
+
+
+def test_killed_mid_step_resumes_as_the_uninterrupted_run(tmp_path, small_tiny_arith):
+    model = small_tiny_arith[1]
+    whole = tmp_path / "whole"
+    done = CliRunner().invoke(app, [*TTRL_RUN, "--set", f"model={model}", "--out", str(whole)])
+    assert done.exit_code == 0, done.output
+    killed = tmp_path / "killed"
+    proc = subprocess.run([sys.executable, "-c", _KILL_AFTER_STEP_2_SAMPLES, *TTRL_RUN, "--set", f"model={model}",
+                           "--out", str(killed)], capture_output=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    resumed = CliRunner().invoke(app, ["run", "--resume", str(killed), "--quiet"])
+    assert resumed.exit_code == 0, resumed.output
+    assert [r["step"] for r in train_rows(killed)] == [1, 2, 3]
+    assert_same_training(whole, killed, model, ("solver/loss", "solver/grad_norm"))
+    # steps 2 and 3 revisit pool questions: the restored vote history gives the same change rates
+    for key in ("ttrl/seen_before_rate", "ttrl/majority_changed_rate", "ttrl/label_accuracy"):
+        assert [r.get(key) for r in train_rows(killed)] == [r.get(key) for r in train_rows(whole)], key
