@@ -60,10 +60,10 @@ def test_report_is_self_contained_and_escaped(tmp_path: Path) -> None:
     assert hostile not in page
     images = _images(page)
     pngs = sorted(p.name for p in (run_dir / "report").glob("*.png"))
-    # embed=False: no cluster statistics, so the per-iteration coverage section has no plot
-    assert len(images) == len(pngs) == len(SECTIONS) - 1 and "coverage.png" not in pngs
+    # embed=False: no cluster statistics, so the per-iteration coverage section has no plot; no majority vote (TTRL)
+    assert len(images) == len(pngs) == len(SECTIONS) - 2 and "coverage.png" not in pngs and "vote.png" not in pngs
     assert all(img.size[0] >= 600 and img.size[1] >= 200 for img in images)
-    assert page.count('class="nodata"') == 1
+    assert page.count('class="nodata"') == 2
     for step in ("iteration 0", "iteration 1"):
         assert f"<h3>{step}</h3>" in page
 
@@ -107,7 +107,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert colours is not None and len(colours) > 500, f"screenshot looks blank ({len(colours or [])} colours)"
     dom = subprocess.run([browser, *flags, f"--user-data-dir={tmp_path / 'profile2'}", "--dump-dom", url],
                          capture_output=True, text=True, timeout=120, check=False).stdout
-    assert len(DATA_URI.findall(dom)) == len(SECTIONS) - 1  # all but the coverage plot (needs embeddings)
+    assert len(DATA_URI.findall(dom)) == len(SECTIONS) - 2  # all but coverage (needs embeddings) and TTRL's vote
 
 
 def _normalized_entropy(run_dir: Path, centroids: np.ndarray, step: int | None = None) -> float:

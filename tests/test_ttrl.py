@@ -14,6 +14,8 @@ import torch
 from run_checks import assert_same_training, train_rows
 from typer.testing import CliRunner
 
+from coevolve.analytics.collapse import collapse_step, vote_summary
+from coevolve.analytics.curriculum import load_run
 from coevolve.cli import app
 from coevolve.recipes import resolve
 from coevolve.recipes.ttrl import training_subset
@@ -179,17 +181,25 @@ def wrapped(self, step, records):
     if step == 2:
         os.kill(os.getpid(), signal.SIGKILL)
 store.RunStore.write_samples = wrapped
+from coevolve.analytics.collapse import collapse_step, vote_summary
+from coevolve.analytics.curriculum import load_run
 from coevolve.cli import app
 sys.argv[0] = "coevolve"
 app()
 """
 
 
-def test_killed_mid_step_resumes_as_the_uninterrupted_run(tmp_path, small_tiny_arith):
-    model = small_tiny_arith[1]
-    whole = tmp_path / "whole"
-    done = CliRunner().invoke(app, [*TTRL_RUN, "--set", f"model={model}", "--out", str(whole)])
+@pytest.fixture(scope="module")
+def ttrl_run(tmp_path_factory, small_tiny_arith):
+    """The uninterrupted run of TTRL_RUN on the test model."""
+    whole = tmp_path_factory.mktemp("ttrl") / "whole"
+    done = CliRunner().invoke(app, [*TTRL_RUN, "--set", f"model={small_tiny_arith[1]}", "--out", str(whole)])
     assert done.exit_code == 0, done.output
+    return whole
+
+
+def test_killed_mid_step_resumes_as_the_uninterrupted_run(tmp_path, small_tiny_arith, ttrl_run):
+    model, whole = small_tiny_arith[1], ttrl_run
     killed = tmp_path / "killed"
     proc = subprocess.run([sys.executable, "-c", _KILL_AFTER_STEP_2_SAMPLES, *TTRL_RUN, "--set", f"model={model}",
                            "--out", str(killed)], capture_output=True, timeout=600,
@@ -202,3 +212,28 @@ def test_killed_mid_step_resumes_as_the_uninterrupted_run(tmp_path, small_tiny_a
     # steps 2 and 3 revisit pool questions: the restored vote history gives the same change rates
     for key in ("ttrl/seen_before_rate", "ttrl/majority_changed_rate", "ttrl/label_accuracy"):
         assert [r.get(key) for r in train_rows(killed)] == [r.get(key) for r in train_rows(whole)], key
+
+
+# --- the collapse step and the reports -------------------------------------------------------------
+def test_collapse_step_needs_k_falls_while_the_reward_rises():
+    steps = [0, 10, 20, 30, 40, 50, 60]
+    accuracy = [0.2, 0.5, 0.6, 0.5, 0.4, 0.3, 0.35]  # rises to step 20, then falls three times
+    rising = (list(range(1, 61)), [s / 60 for s in range(1, 61)])
+    assert collapse_step(steps, accuracy, *rising, k=3) == 20
+    assert collapse_step(steps, accuracy, *rising, k=4) is None  # only three falls in a row
+    falling = (list(range(1, 61)), [1 - s / 60 for s in range(1, 61)])
+    assert collapse_step(steps, accuracy, *falling, k=3) is None  # the reward fell too: not the URLVR collapse
+    assert collapse_step([0, 10, 20, 30, 40], [0.6, 0.5, 0.4, 0.3, 0.2], *rising, k=3) == 10  # never from step 0
+
+
+def test_report_and_compare_show_the_vote(tmp_path, ttrl_run):
+    from coevolve.analytics.compare import compare_runs
+    from coevolve.analytics.report import write_report
+
+    page = write_report(ttrl_run, embed=False).read_text()
+    assert "Majority vote (TTRL)" in page and "label_accuracy_first" in page and "collapse_step_k3" in page
+    assert (ttrl_run / "report" / "vote.png").exists()
+    rows, _ = compare_runs([ttrl_run], tmp_path / "cmp")
+    summary = vote_summary(load_run(ttrl_run))
+    assert rows[0]["label_accuracy_first"] == pytest.approx(summary["label_accuracy_first"])
+    assert 0 <= rows[0]["vote_margin_mean"] <= 1 and rows[0]["heldout_final"] is not None

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from coevolve.analytics.collapse import vote_summary
 from coevolve.analytics.curriculum import (
     DEFAULT_K,
     RunData,
@@ -148,6 +149,9 @@ def compare_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, *, embed: 
     sets = sorted({s for r in runs for s in r.eval_sets()})
     roles = sorted({role for an in analyses for role in an["overall"]["cost"]["tokens"]})
     rows = [jsonable(_row(n, r, an, sets, roles)) for n, r, an in zip(names, runs, analyses)]
+    votes = [vote_summary(r) for r in runs]  # TTRL's vote telemetry and the collapse step: columns some run has
+    for row, vote in zip(rows, votes):
+        row.update({k: vote[k] for k in vote if any(v[k] is not None for v in votes)})
 
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]))

@@ -22,6 +22,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from coevolve.analytics.collapse import COLLAPSE_K, VOTE_SERIES, collapse_step, heldout_accuracy, vote_summary
 from coevolve.analytics.curriculum import (
     RunData,
     analyze_run,
@@ -124,6 +125,24 @@ def _fig_reward_terms(run: RunData, an: dict[str, Any]) -> Figure | None:
         return None
     fig, ax = new_figure()
     plot_lines(ax[0, 0], terms, "reward terms (batch mean)")
+    return fig
+
+
+def _fig_vote(run: RunData, an: dict[str, Any]) -> Figure | None:
+    """TTRL's vote telemetry, and held-out accuracy against the training reward with the collapse step marked."""
+    vote = _metric_lines(run, list(VOTE_SERIES), VOTE_SERIES.__getitem__)
+    if not vote:
+        return None
+    fig, ax = new_figure(1, 2)
+    plot_lines(ax[0, 0], vote, "majority vote per step", unit_range=True)
+    steps, accuracy = heldout_accuracy(run)
+    reward = run.series("solver/reward_mean")
+    plot_lines(ax[0, 1], {"held-out accuracy (mean over sets)": (steps, accuracy), "training reward": reward},
+               "rise then fall?", unit_range=True)
+    collapse = collapse_step(steps, accuracy, *reward) if accuracy else None
+    if collapse is not None:
+        ax[0, 1].axvline(collapse, color="red", linestyle="--", label=f"collapse step (K={COLLAPSE_K})")
+        ax[0, 1].legend(fontsize=8)
     return fig
 
 
@@ -305,6 +324,11 @@ SECTIONS: list[tuple[str, str, Callable[[RunData, dict[str, Any]], Figure | None
      "statistics depend on the number of questions: compare steps or runs with similar counts."),
     ("coverage", "Cluster coverage per iteration", _fig_lorenz,
      "Lorenz curves and histograms of cluster counts; the closer to the diagonal, the more even the coverage."),
+    ("vote", "Majority vote (TTRL)", _fig_vote,
+     "Per step: how often the majority answer is the ground truth (analytics only), its support and margin, the share "
+     "of questions whose majority changed since they were last voted on, and the rewards. Right: held-out accuracy "
+     f"and the training reward; the dashed line is the collapse step (accuracy falls at {COLLAPSE_K} consecutive "
+     "evaluations while the reward rises)."),
     ("label_error", "Pseudo-label quality", _fig_labels,
      "Share of solver training labels that are wrong according to the exact checker (analytics only)."),
     ("validity", "Validity", _fig_validity,
@@ -425,6 +449,9 @@ def _summary_html(run: RunData, an: dict[str, Any]) -> str:
         ("tokens", o["cost"]["tokens_total"]),
         ("phase seconds", o["cost"]["seconds_total"]),
     ]))
+    votes = vote_summary(run)
+    if any(v is not None for v in votes.values()):
+        parts.append(html_table(["majority vote and collapse", "value"], list(votes.items())))
     space = an["settings"]["cluster_space"]
     if space:
         ref = space["info"].get("reference", "given")

@@ -127,8 +127,7 @@ class TTRL(Recipe):
     Params = TTRLParams
     defaults = {"steps": 200, "eval_every": 25, "train": {"lr": 5e-5}, "rollout": {"max_new_tokens": 64}}
     presets = {
-        "small": {"model": "tiny-arith", "task": "arith", "steps": 200, "eval_every": 25,
-                  "eval_sets": ["arith_l1", "arith_l2", "arith_l3", "arith_l4"]},
+        "small": {"model": "tiny-arith", "task": "arith", "steps": 200, "eval_every": 25},
         "paper": _PAPER,
         "reference_code": _REFERENCE_CODE,
     }
