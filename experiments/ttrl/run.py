@@ -1,0 +1,99 @@
+"""TTRL against GRPO with ground truth on the same level-2 questions of the arithmetic world: held-out accuracy per
+level, and whether TTRL's accuracy rises and then falls while its majority-agreement reward keeps rising (URLVR's
+collapse step, ``coevolve.analytics.collapse``).
+
+    python -m experiments.ttrl.run [--seeds 0 1 2] [--jobs 1] [--report-only]
+"""
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from coevolve.analytics.collapse import COLLAPSE_K, collapse_step, heldout_accuracy
+from coevolve.analytics.curriculum import RunData, load_run
+from experiments.harness import Arm, ArmResult, Experiment, main, mean_sd, run_dir, trained_label_errors
+
+# 120 steps of 8 questions from a fixed pool of 256 level-2 training problems (about 4 passes), evaluated every 20
+LONG = ("steps=120", "eval_every=20")
+ARMS = (
+    Arm("ttrl", "ttrl", LONG, note="majority-vote rewards, no labels"),
+    Arm("grpo_l2_pool", "ttrl", (*LONG, "params.label_source=ground_truth"),
+        note="GRPO with ground-truth rewards on the same pool, samples and update"),
+)
+HELD_OUT = [f"arith_l{level}" for level in (1, 2, 3, 4)]
+CURVES = {  # panel title -> series of a run: (steps, values)
+    "held-out accuracy, mean of L1-L4": lambda run: heldout_accuracy(run, HELD_OUT),
+    "held-out accuracy, L2 (the trained level)": lambda run: heldout_accuracy(run, ["arith_l2"]),
+    "training reward (ttrl: majority agreement)": lambda run: run.series("solver/reward_mean"),
+    "majority label = ground truth (per step)": lambda run: run.series("ttrl/label_accuracy"),
+}
+
+
+def collapse_measures(out: Path) -> dict[str, float]:
+    """Peak and final held-out accuracy (L1-L4 mean and L2), the collapse step, and the vote's label accuracy."""
+    run = load_run(out)
+    steps, accuracy = heldout_accuracy(run, HELD_OUT)
+    l2_steps, l2 = heldout_accuracy(run, ["arith_l2"])
+    peak, l2_peak = accuracy.index(max(accuracy)), l2.index(max(l2))
+    labels = run.series("ttrl/label_accuracy")[1]
+    collapse = collapse_step(steps, accuracy, *run.series("solver/reward_mean"), k=COLLAPSE_K)
+    return {"peak L1-4": accuracy[peak], "peak step": steps[peak], "final L1-4": accuracy[-1],
+            "peak L2": l2[l2_peak], "L2 peak step": l2_steps[l2_peak], "final L2": l2[-1],
+            "collapse step": collapse, "label accuracy, first 10 steps": statistics.fmean(labels[:10]),
+            "label accuracy, last 10 steps": statistics.fmean(labels[-10:]), **trained_label_errors(out)}
+
+
+PER_SEED = ("peak L1-4", "peak step", "final L1-4", "peak L2", "L2 peak step", "final L2", "collapse step",
+            "label accuracy, first 10 steps", "label accuracy, last 10 steps")
+
+
+def collapse_report(results: Sequence[ArmResult], here: Path, seeds: Sequence[int]) -> list[str]:
+    """Per-seed rise-then-fall table, mean ± sd, and ``curves.png``."""
+    lines = [f"Rise then fall, per seed (held-out = greedy accuracy on the 200-question sets of levels 1-4; collapse "
+             f"step: the evaluation after which the L1-L4 mean falls at {COLLAPSE_K} consecutive evaluations while the "
+             "training reward still rises; – = none):", "",
+             "| arm | seed | " + " | ".join(PER_SEED) + " |", "|---|---|" + "---|" * len(PER_SEED)]
+    for r in results:
+        for i, seed in enumerate(s for s in seeds if (run_dir(here.parent / "runs", r.arm, s) / "summary.json")
+                                 .exists()):
+            cells = [r.extra.get(key, [None] * (i + 1))[i] for key in PER_SEED]
+            lines.append(f"| {r.arm.name} | {seed} | " + " | ".join(
+                "–" if v is None else (f"{v:.0f}" if key.endswith("step") else f"{v:.3f}") for key, v in zip(PER_SEED, cells))
+                + " |")
+        lines.append(f"| {r.arm.name} | mean ± sd | " + " | ".join(mean_sd(r.extra.get(key, [])) for key in PER_SEED)
+                     + " |")
+    _plot(results, here, seeds)
+    return lines
+
+
+def _plot(results: Sequence[ArmResult], here: Path, seeds: Sequence[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(16, 3.6))
+    for ax, (title, series) in zip(axes, CURVES.items()):
+        for colour, r in zip(("tab:blue", "tab:orange", "tab:green"), results):
+            runs: list[RunData] = [load_run(run_dir(here.parent / "runs", r.arm, s)) for s in seeds
+                                   if (run_dir(here.parent / "runs", r.arm, s) / "summary.json").exists()]
+            for k, run in enumerate(runs):
+                xs, ys = series(run)
+                if xs:
+                    ax.plot(xs, ys, color=colour, alpha=0.8, linewidth=1,
+                            label=r.arm.name if k == 0 else None, marker="o" if len(xs) < 20 else None, markersize=3)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(here / "curves.png", dpi=110)
+    plt.close(fig)
+
+
+EXPERIMENT = Experiment("TTRL and GRPO on the same level-2 questions of tiny-arith", Path(__file__).resolve().parent,
+                        ARMS, measure=collapse_measures, extra_report=collapse_report)
+
+if __name__ == "__main__":
+    main(EXPERIMENT)
