@@ -21,11 +21,21 @@ ARMS = (
         note="GRPO with ground-truth rewards on the same pool, samples and update"),
 )
 HELD_OUT = [f"arith_l{level}" for level in (1, 2, 3, 4)]
+SMOOTH = 10  # steps in the running mean of the per-step curves
+
+
+def running_mean(series: tuple[list[int], list[float]], window: int = SMOOTH) -> tuple[list[int], list[float]]:
+    """The mean of each value and the ``window - 1`` before it (from the ``window``-th step on)."""
+    steps, values = series
+    return steps[window - 1:], [statistics.fmean(values[i - window + 1:i + 1]) for i in range(window - 1, len(values))]
+
+
 CURVES = {  # panel title -> series of a run: (steps, values)
     "held-out accuracy, mean of L1-L4": lambda run: heldout_accuracy(run, HELD_OUT),
     "held-out accuracy, L2 (the trained level)": lambda run: heldout_accuracy(run, ["arith_l2"]),
-    "training reward (ttrl: majority agreement)": lambda run: run.series("solver/reward_mean"),
-    "majority label = ground truth (per step)": lambda run: run.series("ttrl/label_accuracy"),
+    f"training reward ({SMOOTH}-step mean; ttrl: majority agreement)":
+        lambda run: running_mean(run.series("solver/reward_mean")),
+    f"majority label = ground truth ({SMOOTH}-step mean)": lambda run: running_mean(run.series("ttrl/label_accuracy")),
 }
 
 
@@ -36,22 +46,24 @@ def collapse_measures(out: Path) -> dict[str, float]:
     l2_steps, l2 = heldout_accuracy(run, ["arith_l2"])
     peak, l2_peak = accuracy.index(max(accuracy)), l2.index(max(l2))
     labels = run.series("ttrl/label_accuracy")[1]
-    collapse = collapse_step(steps, accuracy, *run.series("solver/reward_mean"), k=COLLAPSE_K)
+    reward = run.series("solver/reward_mean")
     return {"peak L1-4": accuracy[peak], "peak step": steps[peak], "final L1-4": accuracy[-1],
+            "collapse step": collapse_step(steps, accuracy, *reward, k=COLLAPSE_K),
             "peak L2": l2[l2_peak], "L2 peak step": l2_steps[l2_peak], "final L2": l2[-1],
-            "collapse step": collapse, "label accuracy, first 10 steps": statistics.fmean(labels[:10]),
+            "L2 collapse step": collapse_step(l2_steps, l2, *reward, k=COLLAPSE_K),
+            "label accuracy, first 10 steps": statistics.fmean(labels[:10]),
             "label accuracy, last 10 steps": statistics.fmean(labels[-10:]), **trained_label_errors(out)}
 
 
-PER_SEED = ("peak L1-4", "peak step", "final L1-4", "peak L2", "L2 peak step", "final L2", "collapse step",
-            "label accuracy, first 10 steps", "label accuracy, last 10 steps")
+PER_SEED = ("peak L1-4", "peak step", "final L1-4", "collapse step", "peak L2", "L2 peak step", "final L2",
+            "L2 collapse step", "label accuracy, first 10 steps", "label accuracy, last 10 steps")
 
 
 def collapse_report(results: Sequence[ArmResult], here: Path, seeds: Sequence[int]) -> list[str]:
     """Per-seed rise-then-fall table, mean ± sd, and ``curves.png``."""
     lines = [f"Rise then fall, per seed (held-out = greedy accuracy on the 200-question sets of levels 1-4; collapse "
-             f"step: the evaluation after which the L1-L4 mean falls at {COLLAPSE_K} consecutive evaluations while the "
-             "training reward still rises; – = none):", "",
+             f"step: the evaluation after which the L1-L4 mean (L2 collapse step: L2 alone) falls at {COLLAPSE_K} "
+             "consecutive evaluations while the training reward still rises; – = none):", "",
              "| arm | seed | " + " | ".join(PER_SEED) + " |", "|---|---|" + "---|" * len(PER_SEED)]
     for r in results:
         for i, seed in enumerate(s for s in seeds if (run_dir(here.parent / "runs", r.arm, s) / "summary.json")
