@@ -27,6 +27,7 @@ Paper vs released code, presets and what the small preset changes: ``docs/recipe
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,6 +53,7 @@ from coevolve.records import solver_row
 from coevolve.rewards.majority import agreement_rewards, seeded_vote, vote_margin
 from coevolve.rl.advantages import compute_advantages
 from coevolve.rl.trainer import PolicyTrainer
+from coevolve.rollout import Completion
 from coevolve.tasks.registry import Problem, get_task
 
 # The paper's MATH-500 run (its §4 settings): Qwen2.5-Math on the 500 test questions, 10 episodes of 32 questions a
@@ -104,7 +106,7 @@ class Voted:
 
     index: int
     problem: Problem
-    group: list  # the N completions
+    group: list[Completion]  # the N completions
     answers: list[str | None]
     vote: VoteResult
     trained: list[int]  # indices of the M samples in the update
@@ -212,7 +214,8 @@ class TTRL(Recipe):
                      **role_metrics("solver", stats), **timer},
             samples=self.records(step, voted, advantages))
 
-    def vote(self, step: int, index: int, problem: Problem, group: list, answers: list[str | None]) -> Voted:
+    def vote(self, step: int, index: int, problem: Problem, group: list[Completion],
+             answers: list[str | None]) -> Voted:
         """The majority label of one question's N answers, the M trained samples and their rewards."""
         p, seed = self.params, self.config.seed
         vote = seeded_vote(answers, step_seed(seed, step, f"tie:{index}"), self.vote_equivalence)
@@ -245,7 +248,7 @@ class TTRL(Recipe):
             "solver/none_rate": mean([float(a is None) for v in voted for a in v.answers]),
         }
 
-    def records(self, step: int, voted: list[Voted], advantages) -> list[dict[str, Any]]:
+    def records(self, step: int, voted: list[Voted], advantages: Sequence[float]) -> list[dict[str, Any]]:
         """One solver row per vote sample; ``trained`` marks the M that entered the update."""
         rows, k = [], 0
         label_source = "majority" if self.params.label_source == "majority" else "ground_truth"
