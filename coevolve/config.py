@@ -45,6 +45,16 @@ class VLLMConfig(Strict):
     sleep: bool = Field(True, description="CUDA: free the engine's weights and KV cache while the trainer runs")
 
 
+class SamplingOverride(Strict):
+    """Sampling settings of one use of a model that differ from its training rollouts' (``rollout.*``); an unset
+    field keeps the ``rollout.*`` value."""
+
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    max_new_tokens: int | None = Field(None, gt=0)
+
+
 class SamplingConfig(Strict):
     """Rollout sampling for training (evaluation has its own settings)."""
 
@@ -65,6 +75,9 @@ class SamplingConfig(Strict):
     keep_sampler: bool = Field(True, description="hf engine: keep the bf16 copy and the decoding buffers between "
                                "calls (false: free them after each call)")
     vllm: VLLMConfig = VLLMConfig()
+    scoring: SamplingOverride = Field(SamplingOverride(), description="samples that score or label questions instead "
+                                      "of training (r_zero / prism: the solver's votes for p(q) and for the pool's "
+                                      "labels); unset fields: the training rollouts' values above")
 
 
 class LoraSettings(Strict):

@@ -16,6 +16,11 @@ from coevolve.recipes import RECIPES, resolve
 # Both codes' optimizer (verl / EasyR1 actor configs): what every GPU preset of r_zero and prism takes
 CODE_OPTIMIZER = {"train.clip_low": 0.2, "train.clip_high": 0.3, "train.dual_clip": 3.0, "train.weight_decay": 0.01,
                   "train.optimizer_reset": "phase", "train.lr_min_ratio": 0.1}
+# Both codes' sampling: training rollouts (either role) top_p 0.99, no top_k, 4,096 tokens; the solver's scoring and
+# labelling votes top_p 1, top_k 40; the questioner's pool top_p 0.95
+CODE_SAMPLING = {"config.rollout.top_p": 0.99, "config.rollout.top_k": 0, "config.rollout.max_new_tokens": 4096,
+                 "config.rollout.scoring.top_p": 1.0, "config.rollout.scoring.top_k": 40,
+                 "config.rollout.scoring.max_new_tokens": None, "question_max_tokens": 4096, "pool_top_p": 0.95}
 # r_zero / prism: (recipe, preset) -> resolved values (params unless prefixed "train." or "config.")
 R_ZERO_TABLE = {
     ("r_zero", "paper"): {  # Prism's App. A for R-Zero; the step structure of Prism's scripts
@@ -26,7 +31,7 @@ R_ZERO_TABLE = {
         "reward_form": "paper", "advantage": "dr_grpo", "solver_format_weight": 0.0, "filter_prove": True,
         "questioner_init": "previous_questioner",
         "train.lr": 5e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, "solver_lr_schedule": "cosine",
-        "questioner_lr_schedule": None},
+        "questioner_lr_schedule": None, **CODE_SAMPLING, "label_max_tokens": 2048},
     ("r_zero", "reference_code"): {  # R-Zero's repository (EasyR1): 5 iterations, checkpoints 5 / 15 kept
         "config.steps": 5 * (5 + 15), "questioner_steps": 5, "solver_steps": 15,
         "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 1,
@@ -35,14 +40,15 @@ R_ZERO_TABLE = {
         "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
         "questioner_init": "previous_questioner", "question_max_tokens": 4096, "config.rollout.max_new_tokens": 4096,
         "train.lr": 1e-6, "train.kl_beta": 1e-2, **CODE_OPTIMIZER, "solver_lr_schedule": None,
-        "config.train.lr_schedule": "constant"},
+        "config.train.lr_schedule": "constant", **CODE_SAMPLING, "label_max_tokens": None},
     ("r_zero", "prism_code"): {  # the R-Zero baseline of Prism's scripts
         "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
         "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
         "solver_questions": 512, "solver_group": 8, "solver_mini_batch_size": 1024, "solver_epochs": 2,
         "score_samples": 10, "label_samples": 8, "band": [0.3, 0.8], "pool_p_denominator": "all",
         "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
-        "train.lr": 1e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, "solver_lr_schedule": "cosine"},
+        "train.lr": 1e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, "solver_lr_schedule": "cosine",
+        **CODE_SAMPLING, "label_max_tokens": 2048},
     ("prism", "paper"): {
         "config.steps": 4 * (6 + 20), "questioner_steps": 6, "solver_steps": 20,
         "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
@@ -50,13 +56,13 @@ R_ZERO_TABLE = {
         "score_samples": 10, "label_samples": 8, "band": [0.5, 0.9], "pool_p_denominator": "all",
         "advantage": "dr_grpo", "questioner_init": "solver", "k": 128, "lam": 5.0, "gamma": 0.99, "alpha": 1.0,
         "reference_corpus": "math_minus_math500", "train.lr": 5e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER,
-        "solver_lr_schedule": "cosine"},
+        "solver_lr_schedule": "cosine", **CODE_SAMPLING, "label_max_tokens": 2048},
     ("prism", "reference_code"): {
         "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
         "questioner_mini_batch_size": 64, "questioner_epochs": 2, "solver_questions": 512, "solver_group": 8,
         "solver_mini_batch_size": 1024, "solver_epochs": 2, "pool_p_denominator": "all", "advantage": "grpo",
-        "solver_format_weight": 0.1, "filter_prove": False, "k": 128, "reference_corpus": "gsm8k_train",
-        "train.lr": 1e-6, **CODE_OPTIMIZER, "solver_lr_schedule": "cosine"},
+        "solver_format_weight": 0.1, "filter_prove": False, "k": 128, "reference_corpus": "math_minus_math500_gsm8k_train",
+        "train.lr": 1e-6, **CODE_OPTIMIZER, "solver_lr_schedule": "cosine", **CODE_SAMPLING, "label_max_tokens": 2048},
 }
 # AdamW steps per questioner / solver loop step in the source (spec prism.md §7; R-Zero's EasyR1 config)
 OPT_STEPS = {

@@ -99,7 +99,8 @@ def test_unanswered_samples_stay_in_the_pool_denominator(random_model_dir):
     answers = ["5", "5", "5", "7", None, None, None, None]
     for denominator, p, kept in (("all", 3 / 8, False), ("answered", 0.75, True)):
         recipe, _ = make("r_zero", random_model_dir, "params.band=[0.5,0.9]", "params.filter_prove=false")
-        recipe.solve_groups = lambda policy, prompts, n, seed: [([completion()] * n, answers) for _ in prompts]
+        recipe.solve_groups = lambda policy, prompts, n, seed, params=None: [([completion()] * n, answers)
+                                                                             for _ in prompts]
         q = Question(completion(), "1+2", None)
         recipe.label([q], 8, 0, denominator)
         assert (q.label, q.p, recipe.keep(q)) == ("5", pytest.approx(p), kept)
@@ -150,3 +151,48 @@ def test_pasodoble_run_stops_at_max_updates_and_states_its_schedule(tmp_path, ra
     assert summary["updates"] == 2 and summary["steps_run"] == len(rows) < 40
     assert rows[-1]["updates"] == 2 and rows[-2]["updates"] == 1  # it stopped at the step that reached the cap
     assert summary["schedule"].startswith("online: 2 joint updates") and "max_updates = 2" in summary["schedule"]
+
+
+def test_training_scoring_labelling_and_pool_sample_with_their_own_settings(random_model_dir):
+    """Training rollouts take rollout.*, the solver's scoring and labelling votes rollout.scoring (the pool labels
+    with their own budget), the questioner's pool params.pool_top_p."""
+    recipe, _ = make("r_zero", random_model_dir, "rollout.top_p=0.99", "rollout.scoring.top_k=40",
+                     "rollout.scoring.top_p=1.0", "params.pool_top_p=0.95", "params.label_max_tokens=5",
+                     "params.pool_size=4")
+    stub_questions(recipe, ["1+2", "2+2"])
+    calls = []
+    sample = recipe.sample_groups
+
+    def spy(policy, prompts, n, seed, params=None):
+        role = "solver" if policy is recipe.solver_policy else "questioner"
+        used = params or recipe.solver_sampling
+        calls.append((role, n, used.top_p, used.top_k, used.max_new_tokens))
+        return sample(policy, prompts, n, seed, params)
+
+    recipe.sample_groups = spy
+    recipe.step(1)  # questioner training rollouts, then m_s = 2 scoring votes per question
+    recipe.step(3)  # the pool (4 questions, m_l = 4 label votes each), then solver training rollouts
+    tokens = recipe.config.rollout.max_new_tokens
+    assert calls[0] == ("questioner", 2, 0.99, 0, 8) and calls[1] == ("solver", 2, 1.0, 40, tokens)
+    assert ("questioner", 4, 0.95, 0, 8) in calls and ("solver", 4, 1.0, 40, 5) in calls
+    assert calls[-1] == ("solver", 2, 0.99, 0, tokens) or not recipe.pool
+    small, _, _ = resolve("r_zero", preset="small")
+    assert (small.rollout.top_k, small.rollout.scoring.top_k) == (0, None)  # small samples every use alike
+
+
+def test_the_code_corpus_stand_in_is_math_without_math500_plus_gsm8k_train():
+    from coevolve.rewards.coverage import reference_questions
+
+    texts, info = reference_questions("math_minus_math500_gsm8k_train")
+    assert (info["n"], info["gsm8k_train"], info["math500"]) == (4500 + 7473, 7473, 500) and len(texts) == info["n"]
+    assert resolve("prism", preset="reference_code")[1].reference_corpus == "math_minus_math500_gsm8k_train"
+
+
+def test_constrained_votes_keep_the_answer_format_at_their_own_budget(random_model_dir):
+    from coevolve.formats import solver_answer_regex
+
+    recipe, _ = make("r_zero", random_model_dir, "task=math", "params.solver_format_constraint=true",
+                     "params.label_max_tokens=5", "params.pool_top_p=0.95")
+    assert recipe.scoring_sampling.regex == recipe.solver_sampling.regex == solver_answer_regex(8)
+    assert recipe.label_sampling.regex == solver_answer_regex(5) and recipe.label_sampling.max_new_tokens == 5
+    assert recipe.pool_sampling.regex == recipe.question_sampling.regex and recipe.pool_sampling.top_p == 0.95

@@ -10,7 +10,7 @@ import hashlib
 import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, ClassVar, Literal, Mapping, Sequence
 
 import torch
@@ -77,6 +77,8 @@ class Recipe:
         self.sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                                        top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens)
         self.solver_sampling = self.sampling
+        scoring = {k: v for k, v in config.rollout.scoring.model_dump().items() if v is not None}
+        self.scoring_sampling = replace(self.sampling, **scoring)  # votes that score or label, not train
         self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
         self._residency = (Residency(distributed.device_for(config.device)) if config.train.offload_idle_role
@@ -201,11 +203,12 @@ class Recipe:
                                             params or self.solver_sampling, seed)
         return [flat[i * group_size:(i + 1) * group_size] for i in range(len(prompts))]
 
-    def solve_groups(self, policy: Policy, prompts: Sequence[str], n: int,
-                     seed: int) -> list[tuple[list[Completion], list[str | None]]]:
-        """``n`` solver rollouts per prompt (:meth:`sample_groups`) with the answer each gives, parsed by the run's
-        task (``self.task``) in ``policy``'s prompt style: one (completions, answers) pair per prompt."""
-        groups = self.sample_groups(policy, prompts, n, seed)
+    def solve_groups(self, policy: Policy, prompts: Sequence[str], n: int, seed: int,
+                     params: SamplingParams | None = None) -> list[tuple[list[Completion], list[str | None]]]:
+        """``n`` solver rollouts per prompt (:meth:`sample_groups`, ``params`` unset: the solver's training sampling)
+        with the answer each gives, parsed by the run's task (``self.task``) in ``policy``'s prompt style: one
+        (completions, answers) pair per prompt."""
+        groups = self.sample_groups(policy, prompts, n, seed, params)
         return [(group, [self.task.parse_answer(c.text, policy.prompt_style) for c in group]) for group in groups]
 
 

@@ -57,8 +57,15 @@ class GeneratorRecipe(Recipe):
         self.format_watch = FormatWatch(self.name, params.format_warn_after, chat=self.generator_format is not None)
         if params.solver_format_constraint:  # the solver's rollouts: sample_groups without explicit params
             self.solver_sampling = replace(self.sampling, regex=solver_answer_regex(self.sampling.max_new_tokens))
+            self.scoring_sampling = self.solver_budget(self.scoring_sampling, self.scoring_sampling.max_new_tokens)
         self.format_examples = (load_worked_examples(params.format_examples, self.config.seed, self.config.data_dir)
                                 if params.format_examples else [])
+
+    def solver_budget(self, sampling: SamplingParams, max_new_tokens: int) -> SamplingParams:
+        """``sampling`` with another token budget (and, with ``params.solver_format_constraint``, the answer format's
+        constraint for that budget)."""
+        regex = solver_answer_regex(max_new_tokens) if self.params.solver_format_constraint else sampling.regex
+        return replace(sampling, max_new_tokens=max_new_tokens, regex=regex)
 
     def generator_message(self, message: str) -> str:
         """The generator's user message with ``params.format_examples`` worked examples of its format appended."""

@@ -80,7 +80,7 @@ class Prism(RZero):
         "paper": {**_PAPER_SCALE, "params": {**_PAPER_PARAMS, "advantage": "dr_grpo", "k": 128,
                                              "reference_corpus": "math_minus_math500"}},
         "reference_code": {**_PRISM_CODE, "params": {**_PRISM_CODE_PARAMS, "k": 128,
-                                                     "reference_corpus": "gsm8k_train"}},
+                                                     "reference_corpus": "math_minus_math500_gsm8k_train"}},
     }
 
     def __init__(self, config, params: PrismParams):

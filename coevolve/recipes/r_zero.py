@@ -63,7 +63,7 @@ from coevolve.rewards.uncertainty import (
 )
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
 from coevolve.rl.trainer import PolicyTrainer, RoleUpdate
-from coevolve.rollout import Completion
+from coevolve.rollout import Completion, SamplingParams
 from coevolve.tasks import arith
 from coevolve.tasks.registry import get_task
 
@@ -95,10 +95,13 @@ _CODE_OPTIMIZER = {"clip_low": 0.2, "clip_high": 0.3, "dual_clip": 3.0, "weight_
 # ``small``: the same optimizer at tiny-arith scale (one full-batch AdamW step per update, so the ratio is 1 and the
 # clip ranges are inert) with a constant lr (docs/recipes/r_zero.md).
 _SMALL_TRAIN = {k: v for k, v in _CODE_OPTIMIZER.items() if k != "lr_min_ratio"}
-# The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU).
+# The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU). Sampling as in both codes:
+# training rollouts of either role at top_p 0.99 and up to 4,096 tokens, the solver's scoring and labelling votes at
+# top_k 40 (rollout.scoring), the questioner's pool at top_p 0.95 (params.pool_top_p).
 _PAPER_SCALE = {
     "model": "smollm2-135m", "task": "math", "steps": 104, "eval_every": 26,
-    "rollout": {"temperature": 1.0, "top_p": 1.0, "top_k": 40, "max_new_tokens": 2048, "batch_size": 64},
+    "rollout": {"temperature": 1.0, "top_p": 0.99, "top_k": 0, "max_new_tokens": 4096, "batch_size": 64,
+                "scoring": {"top_p": 1.0, "top_k": 40}},
     "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4, **_CODE_OPTIMIZER},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 1024,
 }
@@ -108,7 +111,7 @@ _PRISM_STEPS = {"questioner_mini_batch_size": 16 * 4, "questioner_epochs": 2,
                 "solver_mini_batch_size": 128 * 8, "solver_epochs": 2, "solver_lr_schedule": "cosine"}
 _PAPER_PARAMS = {"questioner_prompts": 512, "questioner_group": 4, "score_samples": 10, "pool_size": 8000,
                  "label_samples": 8, "solver_questions": 512, "solver_group": 8, "question_max_tokens": 4096,
-                 **_PRISM_STEPS}
+                 "pool_top_p": 0.95, "label_max_tokens": 2048, **_PRISM_STEPS}
 # Prism's released code where it differs from its paper (both recipes).
 _PRISM_CODE = {
     **_PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
@@ -120,13 +123,12 @@ _PRISM_CODE_PARAMS = {**_PAPER_PARAMS, "solver_steps": 50, "pool_p_denominator":
 # 16 prompts, solver 512 questions x 5 in mini-batches of 128 questions, 1 PPO epoch, KL (low_var_kl) 1e-2.
 _RZERO_CODE = {
     **_PAPER_SCALE, "steps": 5 * (5 + 15), "eval_every": 20,
-    "rollout": {**_PAPER_SCALE["rollout"], "max_new_tokens": 4096},
     "train": {**_PAPER_SCALE["train"], "lr": 1e-6, "kl_beta": 1e-2},
     "params": {"questioner_steps": 5, "solver_steps": 15, "questioner_prompts": 512, "questioner_group": 4,
                "score_samples": 10, "pool_size": 8000, "label_samples": 9, "band": [0.3, 0.8],
                "pool_p_denominator": "all", "solver_questions": 512, "solver_group": 5, "reward_form": "code",
                "solver_format_weight": 0.1, "advantage": "grpo", "filter_prove": False, "question_max_tokens": 4096,
-               "questioner_mini_batch_size": 16 * 4, "questioner_epochs": 1,
+               "pool_top_p": 0.95, "questioner_mini_batch_size": 16 * 4, "questioner_epochs": 1,
                "solver_mini_batch_size": 128 * 5, "solver_epochs": 1},
 }
 
@@ -158,6 +160,10 @@ class RZeroParams(GeneratorParams):
                                                 "(R-Zero's paper)")
     advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="(r-mean)/(std+eps) or r-mean")
     question_max_tokens: int = Field(48, gt=0, description="budget of a questioner output")
+    pool_top_p: float | None = Field(None, gt=0, le=1, description="top_p of the questioner's pool generation "
+                                     "(codes: 0.95; unset: rollout.top_p, as its training rollouts)")
+    label_max_tokens: int | None = Field(None, gt=0, description="budget of the solver's pool-label votes (Prism's "
+                                         "code: 2048; unset: rollout.scoring's, as its scoring votes)")
     questioner_mini_batch_size: int | None = Field(
         None, ge=0, description="sequences per questioner AdamW step (0: the whole batch; unset: train.*)")
     questioner_epochs: int | None = Field(None, gt=0, description="passes over a questioner batch (unset: train.*)")
@@ -271,6 +277,9 @@ class RZero(GeneratorRecipe):
                                                     else self.generator_message(QUESTIONER_PROMPT))
         self.question_sampling = self.generator_sampling(replace(self.sampling,
                                                                  max_new_tokens=params.question_max_tokens))
+        self.pool_sampling = replace(self.question_sampling, top_p=params.pool_top_p or self.sampling.top_p)
+        self.label_sampling = (self.solver_budget(self.scoring_sampling, params.label_max_tokens)
+                               if params.label_max_tokens else self.scoring_sampling)
         self.vote_equivalence = None if self.arith else verify_equivalent  # integers: the vote's exact fast path
         self.bleu_tokens = params.bleu_tokens or ("char" if self.arith else "none")
         self.period = params.questioner_steps + params.solver_steps
@@ -393,10 +402,11 @@ class RZero(GeneratorRecipe):
         """N_pool questions from Q_t labelled by S_{t-1}; the pool keeps those in the band with no filter reason."""
         p, seed = self.params, self.config.seed
         outputs = self.sample_groups(self.questioner, [self.question_prompt], p.pool_size,
-                                     step_seed(seed, step, "pool"), self.question_sampling)[0]
+                                     step_seed(seed, step, "pool"), self.pool_sampling)[0]
         candidates = [self.read_question(o) for o in outputs]
         self.watch_format(step, sum(q.text is not None for q in candidates), len(candidates))
-        self.label(candidates, p.label_samples, step_seed(seed, step, "pool_labels"), p.pool_p_denominator)
+        self.label(candidates, p.label_samples, step_seed(seed, step, "pool_labels"), p.pool_p_denominator,
+                   self.label_sampling)
         self.describe_pool(candidates)
         self.pool = [PoolItem(q.text, q.label, q.p, f"i{t}-pool{i}") for i, q in enumerate(candidates)
                      if self.keep(q)]
@@ -438,10 +448,13 @@ class RZero(GeneratorRecipe):
     def solver_prompt(self, question: str) -> str:
         return self.solver_policy.format_prompt(self.task.solver_prompt(question, None, self.style))
 
-    def label(self, questions: list[Question], samples: int, seed: int, denominator: str) -> None:
-        """Majority answer and p(q) (share of samples agreeing with it) of every valid question."""
+    def label(self, questions: list[Question], samples: int, seed: int, denominator: str,
+              sampling: SamplingParams | None = None) -> None:
+        """Majority answer and p(q) (share of samples agreeing with it) of every valid question, from ``samples``
+        solver votes sampled with ``sampling`` (unset: ``rollout.scoring``)."""
         valid = [q for q in questions if q.text is not None]
-        solved = self.solve_groups(self.solver_policy, [self.solver_prompt(q.text) for q in valid], samples, seed)
+        solved = self.solve_groups(self.solver_policy, [self.solver_prompt(q.text) for q in valid], samples, seed,
+                                   sampling or self.scoring_sampling)
         for q, (group, answers) in zip(valid, solved):
             q.answers = answers
             q.solver_tokens = sum(len(c.token_ids) for c in group)

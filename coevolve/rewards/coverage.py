@@ -26,7 +26,7 @@ from coevolve.data.benchmarks import load_benchmark
 from coevolve.embeddings import META_FILE, ClusterSpace, corpus_hash, embed, encoder_name
 from coevolve.rewards.uncertainty import in_band
 
-ReferenceCorpus = Literal["arith", "math_minus_math500", "gsm8k_train"]
+ReferenceCorpus = Literal["arith", "math_minus_math500", "gsm8k_train", "math_minus_math500_gsm8k_train"]
 FORMAT_PENALTY = -1.0  # reward of an output without a question (and, for free-form math, a boxed answer)
 
 
@@ -103,7 +103,8 @@ def reference_questions(corpus: ReferenceCorpus, *, data_dir: str | None = None,
     ``arith``: ``n_arith`` generated questions, levels 1-6 uniformly. ``math_minus_math500``: the MATH
     test problems whose text (whitespace collapsed) is not a MATH-500 problem (the paper's "MATH training split" is
     not available offline; this is the paper's MATH training split restricted to the test file). ``gsm8k_train``:
-    GSM8K train (the released code's second corpus).
+    GSM8K train. ``math_minus_math500_gsm8k_train``: both, the closest offline stand-in for the released code's
+    corpus, MATH train plus GSM8K train (``cluster_space/download_corpus.py``): 4,500 MATH problems instead of 7,500.
     """
     if corpus == "arith":
         from coevolve.tasks import arith
@@ -113,6 +114,10 @@ def reference_questions(corpus: ReferenceCorpus, *, data_dir: str | None = None,
     if corpus == "gsm8k_train":
         texts = [item.question for item in load_benchmark("gsm8k_train", data_dir=data_dir)]
         return texts, {"corpus": corpus, "n": len(texts)}
+    if corpus == "math_minus_math500_gsm8k_train":
+        math, math_info = reference_questions("math_minus_math500", data_dir=data_dir)
+        gsm8k, _ = reference_questions("gsm8k_train", data_dir=data_dir)
+        return math + gsm8k, {**math_info, "corpus": corpus, "n": len(math) + len(gsm8k), "gsm8k_train": len(gsm8k)}
     if corpus == "math_minus_math500":
         held_out = {_text_key(item.question) for item in load_benchmark("math500", data_dir=data_dir)}
         full = [item.question for item in load_benchmark("math", data_dir=data_dir)]
