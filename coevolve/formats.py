@@ -12,8 +12,9 @@ these, so no question reaches the solver. Three switchable helps, all off by def
 - ``params.format_constraint: true``: constrained decoding of the format with xgrammar (HF engine) or vLLM's
   structured outputs (``OutputFormat.regex``; see :mod:`coevolve.rollout.constrained` for the log-probs).
 
-Each recipe declares its :class:`GeneratorFormat` per task world in its own file (``Recipe.formats``); formats exist
-for the chat tasks (``math`` and the document variants); tiny-arith has its own pretrained formats.
+Each recipe declares its :class:`GeneratorFormat` per task world in its own file (``formats``): ``chat`` for the chat
+tasks (``math`` and the document variants), where the help applies, and ``arith`` for the arithmetic world, whose
+writer format tiny-arith is pretrained on (:func:`arith_format`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from coevolve.data.benchmarks import _raw_rows, get_benchmark
+from coevolve.tasks import arith
 
 _CALC = re.compile(r"<<[^>]*>>")  # GSM8K's calculator annotations
 
@@ -65,14 +67,28 @@ def concepts_of(example: WorkedExample) -> list[str]:
 
 @dataclass(frozen=True)
 class GeneratorFormat:
-    """A generator's output format in one task world, declared by its recipe: what a person reads, a regex for
-    constrained decoding, a renderer of worked examples, and the recipe's generator prompt for one example (the
-    format warm-up's user message; ``examples`` and ``rng`` supply other examples where the prompt shows one)."""
+    """A generator's output format in one task world, declared by its recipe (``formats["chat"]``,
+    ``formats["arith"]``) and picked once by :class:`~coevolve.recipes.generator.GeneratorRecipe`.
 
-    description: str
-    regex: str
-    render: Callable[[WorkedExample], str]
-    warmup_prompt: Callable[[WorkedExample, list[WorkedExample], random.Random], str]
+    ``prompt(style, *inputs)`` is the user message that asks for it and ``parse(output, style, *inputs)`` reads one
+    generator output; each recipe fixes their inputs (a document, a reference problem, or none) and what ``parse``
+    returns. A chat format adds the format help's pieces: what a person reads, a regex for constrained decoding, a
+    renderer of worked examples, and the prompt's inputs for one worked example (the format warm-up's user message;
+    ``examples`` and ``rng`` supply other examples where the prompt shows one).
+    """
+
+    prompt: Callable[..., str]
+    parse: Callable[..., Any]
+    stop: tuple[str, ...] = ()  # stop strings of the generator's sampling
+    grounded: bool = False  # its questions name the document's facts, so the solver is shown the document too
+    description: str = ""
+    regex: str = ""
+    render: Callable[[WorkedExample], str] | None = None
+    warmup_inputs: Callable[[WorkedExample, list[WorkedExample], random.Random], tuple] | None = None
+
+    def warmup_prompt(self, example: WorkedExample, examples: list[WorkedExample], rng: random.Random) -> str:
+        """The generator's user message for one worked example of the format warm-up (chat formats)."""
+        return self.prompt("chat", *self.warmup_inputs(example, examples, rng))
 
 
 # Regex pieces for constrained decoding. The question is one line of at most 300 characters: a newline token can then
@@ -106,3 +122,12 @@ def examples_block(fmt: GeneratorFormat, examples: list[WorkedExample]) -> str:
         return ""
     shown = "\n\n".join(f"Example {i}:\n{fmt.render(e)}" for i, e in enumerate(examples, 1))
     return f"\n\nExamples of the required output format (write a new problem, in exactly this format):\n\n{shown}"
+
+
+def arith_format(parse: Callable[..., Any], *, grounded: bool = False) -> GeneratorFormat:
+    """A generator format of the arithmetic world: its writer prompt (:func:`coevolve.tasks.arith.question_prompt`,
+    grounded in a fact sheet where the recipe's generator reads one) and the recipe's reading of the writer's output.
+    """
+    if grounded:
+        return GeneratorFormat(lambda style, doc: arith.question_prompt(style, doc=doc), parse, grounded=True)
+    return GeneratorFormat(lambda style: arith.question_prompt(style), parse)

@@ -212,7 +212,7 @@ def test_step_on_a_random_model(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.n=3", "params.m=2", "params.question_max_tokens=8",
                          "rollout.max_new_tokens=8")
     # a random model writes no parsable question: give each output a question so the solver role runs too
-    recipe.parse_question = lambda output: ParsedQuestion(f"{len(output.token_ids)}+{output.text.count('1')}")
+    recipe.read_generation = lambda output: ParsedQuestion(f"{len(output.token_ids)}+{output.text.count('1')}")
     batches = spy_updates(recipe)
     out = recipe.step(1)
     gens = [r for r in out.samples if r["role"] == "generator"]

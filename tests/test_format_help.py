@@ -25,11 +25,7 @@ def examples():
 
 
 def test_rendered_examples_match_regex_and_parse_as_valid(examples):
-    from coevolve.recipes.dynamic_rl import parse_paper_question
-    from coevolve.recipes.infuser import parse_generator_json
-    from coevolve.recipes.pasodoble import parse_proposal
-    from coevolve.recipes.r_zero import parse_questioner_output
-    from coevolve.rewards.format import parse_teacher_output
+    """Each chat format's worked example matches its regex and reads back through the format's own parser."""
     from coevolve.rollout import Completion
 
     for e in examples:
@@ -37,11 +33,29 @@ def test_rendered_examples_match_regex_and_parse_as_valid(examples):
         texts["dynamic_rl"] = texts["dynamic_rl"].split("Solution:")[0] + "Solution:"  # generation stops there
         for name, text in texts.items():
             assert re.fullmatch(FORMATS[name].regex, text), (name, text)
-        assert parse_questioner_output(texts["r_zero"]) == (" ".join(e.question.split()), e.answer)
-        assert parse_proposal(texts["pasodoble"]) == (" ".join(e.question.split()), e.answer)
-        assert parse_generator_json(texts["infuser"]) == (" ".join(e.question.split()), e.answer)
-        assert parse_teacher_output(texts["opensir"]).valid
-        assert parse_paper_question(Completion("", [], [], texts["dynamic_rl"], finish_reason="stop"))
+        question = " ".join(e.question.split())
+        assert FORMATS["r_zero"].parse(texts["r_zero"], "chat") == (question, e.answer)
+        assert FORMATS["pasodoble"].parse(texts["pasodoble"], "chat", e.solution) == (question, e.answer)
+        assert FORMATS["infuser"].parse(texts["infuser"], "chat", e.solution) == (question, e.answer)
+        assert FORMATS["opensir"].parse(texts["opensir"], "chat", "paper").valid
+        completion = Completion("", [], [], texts["dynamic_rl"], finish_reason="stop")
+        assert FORMATS["dynamic_rl"].parse(completion, "chat").question == question
+
+
+def test_every_generator_declares_both_worlds_and_the_arith_one_reads_the_writer_format():
+    from coevolve.recipes import RECIPES
+    from coevolve.recipes.generator import GeneratorRecipe
+    from coevolve.tasks import arith
+
+    generators = {name: cls for name, cls in RECIPES.items() if issubclass(cls, GeneratorRecipe)}
+    assert set(generators) == {"r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl"}
+    for name, cls in generators.items():
+        assert set(cls.formats) == {"chat", "arith"}, name
+        fmt = cls.formats["arith"]
+        inputs = {"infuser": ("a=3,b=7",), "pasodoble": ("a=3,b=7",), "opensir": ("1+2",)}.get(name, ())
+        assert fmt.prompt("compact", *inputs).endswith("W:\n") and fmt.grounded == (name in ("infuser", "pasodoble"))
+        assert "a=3,b=7" in fmt.prompt("compact", *inputs) or not fmt.grounded
+    assert arith.question_prompt("compact") == RECIPES["r_zero"].formats["arith"].prompt("compact")
 
 
 def test_warmup_pairs_use_each_recipes_prompt(examples):

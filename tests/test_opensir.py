@@ -11,7 +11,7 @@ import torch
 from coevolve.loop import run
 from coevolve.pool import ProblemPool
 from coevolve.recipes import resolve
-from coevolve.recipes.opensir import SEED_PROBLEM, Candidate  # importing the module registers the recipe
+from coevolve.recipes.opensir import STUDENT_WORLDS, Candidate, OpenSIR  # importing the module registers it
 from coevolve.rewards.format import TeacherOutput
 from coevolve.rewards.novelty import expression_concepts
 from coevolve.rollout import Completion
@@ -35,7 +35,7 @@ def make_recipe(model_dir, *sets):
     return recipe, config
 
 
-def always_valid(text: str) -> TeacherOutput:
+def always_valid(text: str, rules: str = "paper") -> TeacherOutput:
     """Reads any completion of the random model as a valid problem (it never writes one)."""
     question = f"{len(text) % 7}+{len(text) % 5}"
     return TeacherOutput(question, expression_concepts(question), True, 1.0)
@@ -43,7 +43,7 @@ def always_valid(text: str) -> TeacherOutput:
 
 def test_step_on_random_model_writes_both_roles(random_model_dir):
     recipe, _ = make_recipe(random_model_dir)
-    recipe.read_problem = always_valid
+    recipe.read_generation = always_valid
     out = recipe.step(1)
     gens = [r for r in out.samples if r["role"] == "generator"]
     sols = [r for r in out.samples if r["role"] == "solver"]
@@ -187,7 +187,7 @@ def test_run_resume_restores_the_pool(tmp_path, random_model_dir):
     def recipe_for(steps):
         recipe, config = make_recipe(random_model_dir, f"steps={steps}", "params.batch_size=8", "params.group_size=2",
                                      "rollout.max_new_tokens=8")
-        recipe.read_problem = always_valid
+        recipe.read_generation = always_valid
         return recipe, config
 
     straight, config = recipe_for(2)
@@ -221,8 +221,9 @@ def test_chat_prompts_parsing_and_formats(random_model_dir):
         return solutions[n % 4]
 
     recipe, updates = stubbed(random_model_dir, "params.student_format=phrase", respond=respond, run_update=False)
-    recipe.policy.prompt_style, recipe.compact = "chat", False  # as a chat model would be read
-    recipe.pool = ProblemPool([SEED_PROBLEM["chat"]])
+    recipe.policy.prompt_style = recipe.style = "chat"  # as a chat model on a chat task would be read
+    recipe.generator_format, recipe.student = OpenSIR.formats["chat"], STUDENT_WORLDS["chat"]
+    recipe.pool = ProblemPool([STUDENT_WORLDS["chat"].seed])
     out = recipe.step(1)
     gens = [r for r in out.samples if r["role"] == "generator"]
     assert [r["valid"] for r in gens] == [False, True, True, True] * 4

@@ -12,7 +12,7 @@ from coevolve.cli import app
 from coevolve.grading.vote import majority_vote
 from coevolve.loop import run
 from coevolve.recipes import resolve
-from coevolve.recipes.r_zero import Question
+from coevolve.recipes.r_zero import Question, RZero
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
 
@@ -74,7 +74,7 @@ def test_schedule_maps_steps_to_iterations_and_phases(random_model_dir):
 
 def test_chat_questions_need_the_last_question_block_and_a_box(random_model_dir):
     recipe, _ = make("r_zero", random_model_dir)
-    recipe.arith = False
+    recipe.generator_format = RZero.formats["chat"]
     text = "<question>old</question> draft \\boxed{1}\n<question> What is 2+3? </question>\n\n\\boxed{5}"
     q = recipe.read_question(completion(text))
     assert q.text == "What is 2+3?" and q.own_answer == "5"

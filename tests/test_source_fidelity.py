@@ -115,7 +115,7 @@ def _pasodoble(model_dir, *sets):
         "params.solutions=4", "rollout.max_new_tokens=8", "params.proposer_max_tokens=8", "train.lr=1e-2",
         "params.solver_reward=random_full", "params.tau_low=0", *sets])
     recipe = cls(config, params)
-    recipe.read_proposal = lambda text, passage: ("a+b", "7")
+    recipe.read_generation = lambda text, passage: ("a+b", "7")
     return recipe, config
 
 

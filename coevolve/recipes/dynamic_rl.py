@@ -29,8 +29,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from coevolve.formats import GeneratorFormat, one_line
-from coevolve.grading.equivalence import verify_equivalent
+from coevolve.formats import GeneratorFormat, arith_format, one_line
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.recipes.base import (
@@ -113,7 +112,7 @@ class GeneratedQuestion:
         return self.vote.p if self.vote else 0.0
 
 
-def parse_paper_question(completion: Completion) -> ParsedQuestion | None:
+def parse_paper_question(completion: Completion, style: str = "chat") -> ParsedQuestion | None:
     """q from the z_0 output: the text after the first "Question:" up to "Solution:" (paper §2 "Prompt").
 
     Malformed (None): no "Question:", an empty question, or cut off by the length limit before "Solution:".
@@ -140,11 +139,16 @@ class DynamicRL(GeneratorRecipe):
     summary = ("one policy writes questions from a fixed prompt and answers them; majority-vote labels, tent "
                "difficulty + token/answer diversity rewards, per-term z-scored advantages")
     Params = DynamicRLParams
-    formats = {"chat": GeneratorFormat(  # generation stops at "Solution:"
-        "Question: {the question}\\nSolution: {step-by-step solution} (generation stops at 'Solution:')",
-        r"Question: [^\n]{10,300}\nSolution:",
-        lambda e: f"Question: {one_line(e.question)}\nSolution: {e.solution}\nThe answer is {e.answer}.",
-        lambda e, examples, rng: Z0)}
+    formats = {
+        "chat": GeneratorFormat(  # z_0, the paper's prompt for free-form math; generation stops at "Solution:"
+            lambda style: Z0, parse_paper_question, stop=(SOLUTION_MARK,),
+            description="Question: {the question}\\nSolution: {step-by-step solution} (generation stops at "
+            "'Solution:')",
+            regex=r"Question: [^\n]{10,300}\nSolution:",
+            render=lambda e: f"Question: {one_line(e.question)}\nSolution: {e.solution}\nThe answer is {e.answer}.",
+            warmup_inputs=lambda e, examples, rng: ()),
+        "arith": arith_format(lambda output, style: arith.parse_question(output.text, style)),  # the writer prompt
+    }
     defaults = {
         "steps": 80, "eval_every": 20,
         "rollout": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 64},
@@ -173,15 +177,10 @@ class DynamicRL(GeneratorRecipe):
         self.policy = self.load_policy(self.generator_model())  # the model, or a format warm-up's
         self.trainer = self.make_trainer(self.policy)
         self.style = self.policy.prompt_style
-        # z_0: the paper's prompt for free-form math (generation stops at "Solution:", so the output is the question
-        # plus its delimiter); the arithmetic world's writer prompt ("W:" for tiny-arith) otherwise.
-        paper_prompt = self.task.name != "arith"
-        self.z0 = self.policy.format_prompt(self.generator_message(Z0) if paper_prompt
-                                            else arith.question_prompt(self.style))
-        self.question_sampling = self.generator_sampling(replace(
-            self.sampling, max_new_tokens=params.question_max_tokens, stop=(SOLUTION_MARK,) if paper_prompt else ()))
-        # S_a: the toy world's answers are integers, decided exactly by the vote's fast path; math uses math-verify.
-        self.equivalent = None if self.task.name == "arith" else verify_equivalent
+        self.z0 = self.generator_prompt(self.policy)  # z_0 in the run's task world (``formats``)
+        self.question_sampling = self.generator_sampling(replace(self.sampling,
+                                                                 max_new_tokens=params.question_max_tokens))
+        self.equivalent = self.task.vote_equivalence  # S_a: exact for the toy world's integers, math-verify for math
         self.weights = {"R_q": params.lambda_q if params.question_reward else 0.0,
                         "R_dq": params.lambda_dq if params.question_diversity else 0.0,
                         "R_da": params.lambda_da if params.answer_diversity else 0.0}
@@ -197,7 +196,7 @@ class DynamicRL(GeneratorRecipe):
         with timer("generate"):  # line 3: n questions from pi(.|z_0)
             outputs = self.sample_groups(self.policy, [self.z0], p.n, step_seed(seed, step, "questions"),
                                          self.question_sampling)[0]
-            questions = [GeneratedQuestion(o, self.parse_question(o)) for o in outputs]
+            questions = [GeneratedQuestion(o, self.read_generation(o)) for o in outputs]
             posed = [q for q in questions if q.text is not None]
         self.watch_format(step, len(posed), len(questions))
         with timer("solve"):  # line 4: m solutions from pi(.|q, z_q) per question
@@ -228,12 +227,6 @@ class DynamicRL(GeneratorRecipe):
                           samples=self.records(step, questions))
 
     # --- the pieces of a step ---------------------------------------------------------------------------------
-    def parse_question(self, output: Completion) -> ParsedQuestion | None:
-        """q_i from o_i (None if malformed). Adapter until the Task interface has ``parse_question``."""
-        if self.task.name == "arith":
-            return arith.parse_question(output.text, self.style)
-        return parse_paper_question(output)
-
     def question_tokens(self, question: str | None) -> list[int]:
         """t(q) for S_q: the policy's tokens of the question text, no special tokens (Eq. 10 does not name a tokenizer)."""
         return self.policy.tokenizer(question, add_special_tokens=False)["input_ids"] if question else []

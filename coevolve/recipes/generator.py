@@ -1,7 +1,7 @@
 """What a recipe with a generator adds to :class:`Recipe`: its output format per task world and the format help.
 
-A generator writes questions in its recipe's declared format (``formats["chat"]`` on chat models; the arithmetic
-world's writer format on tiny-arith). The help switches (:mod:`coevolve.formats`) are worked examples in the prompt,
+A generator writes questions in the format its recipe declares for the run's task world (``formats["arith"]`` for the
+arithmetic task, ``formats["chat"]`` for the others). The help switches (:mod:`coevolve.formats`) are worked examples in the prompt,
 constrained decoding and a format warm-up's model as the starting point; ``FormatWatch`` warns when none of a
 generator's outputs parse for several steps.
 """
@@ -42,9 +42,10 @@ class GeneratorParams(RecipeParams):
 
 
 class GeneratorRecipe(Recipe):
-    """A recipe whose generator writes questions; ``formats`` declares its output format by task world."""
+    """A recipe whose generator writes questions; ``formats`` declares its output format by task world, and
+    ``self.generator_format`` is the run's."""
 
-    formats: ClassVar[dict[str, GeneratorFormat]] = {}  # the generator's output format per world ("chat")
+    formats: ClassVar[dict[str, GeneratorFormat]] = {}  # the generator's output format per world ("chat", "arith")
 
     def __init__(self, config: RunConfig, params: GeneratorParams):
         super().__init__(config, params)
@@ -53,8 +54,12 @@ class GeneratorRecipe(Recipe):
         if helped and self.config.task == "arith":
             raise ConfigError("config key 'params.format_examples/format_constraint/generator_init': format help is "
                               "for chat tasks (math and its document variants); tiny-arith has its own formats")
-        self.generator_format = None if self.config.task == "arith" else self.formats["chat"]
-        self.format_watch = FormatWatch(self.name, params.format_warn_after, chat=self.generator_format is not None)
+        self.world = "arith" if self.config.task == "arith" else "chat"
+        if self.world not in self.formats:
+            raise ConfigError(f"config key 'task': the {self.name} generator has no output format for the "
+                              f"{self.config.task} task (it has: {', '.join(self.formats)})")
+        self.generator_format = self.formats[self.world]
+        self.format_watch = FormatWatch(self.name, params.format_warn_after, chat=self.world == "chat")
         if params.solver_format_constraint:  # the solver's rollouts: sample_groups without explicit params
             self.solver_sampling = replace(self.sampling, regex=solver_answer_regex(self.sampling.max_new_tokens))
             self.scoring_sampling = self.solver_budget(self.scoring_sampling, self.scoring_sampling.max_new_tokens)
@@ -67,12 +72,21 @@ class GeneratorRecipe(Recipe):
         regex = solver_answer_regex(max_new_tokens) if self.params.solver_format_constraint else sampling.regex
         return replace(sampling, max_new_tokens=max_new_tokens, regex=regex)
 
-    def generator_message(self, message: str) -> str:
-        """The generator's user message with ``params.format_examples`` worked examples of its format appended."""
-        return message + examples_block(self.generator_format, self.format_examples)
+    def generator_prompt(self, policy: Policy, *inputs: object) -> str:
+        """The generator's prompt: its format's message for ``inputs``, with ``params.format_examples`` worked
+        examples of the format appended, in ``policy``'s chat template."""
+        message = self.generator_format.prompt(policy.prompt_style, *inputs)
+        return policy.format_prompt(message + examples_block(self.generator_format, self.format_examples))
+
+    def read_generation(self, output: object, *inputs: object) -> object:
+        """What the recipe reads from one generator output (its format's ``parse``; None or invalid if malformed)."""
+        return self.generator_format.parse(output, self.style, *inputs)
 
     def generator_sampling(self, sampling: SamplingParams) -> SamplingParams:
-        """The generator's sampling, constrained to its output format when ``params.format_constraint`` is on."""
+        """The generator's sampling: its format's stop strings, and constrained decoding of the format when
+        ``params.format_constraint`` is on."""
+        if self.generator_format.stop:
+            sampling = replace(sampling, stop=self.generator_format.stop)
         if not self.params.format_constraint:
             return sampling
         return replace(sampling, regex=self.generator_format.regex)

@@ -35,7 +35,7 @@ from pydantic import Field
 from scipy.stats import spearmanr
 
 from coevolve.documents import DocumentPool, dev_set, load_documents, tokenizer_counter
-from coevolve.formats import GeneratorFormat, one_line
+from coevolve.formats import GeneratorFormat, arith_format, one_line
 from coevolve.grading.extract import braces_balanced, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (
@@ -120,6 +120,22 @@ def parse_generator_json(text: str) -> tuple[str, str] | None:
     return found
 
 
+def read_json_question(text: str, style: str, doc: str) -> tuple[str | None, str | None]:
+    """(q, a_φ) of a valid JSON generation (App. F.4), (None, None) for an invalid one."""
+    found = parse_generator_json(text)
+    if found is None or not braces_balanced(found[1]):
+        return None, None
+    return found
+
+
+def read_arith_question(text: str, style: str, doc: str) -> tuple[str | None, str | None]:
+    """(q, a_φ) of a valid arithmetic-world writer output: a question over the fact sheet and an integer answer."""
+    parsed = arith.parse_question(text, style, doc)
+    if parsed is None or parsed.answer is None or not _INTEGER.fullmatch(parsed.answer.strip()):
+        return None, None
+    return parsed.question, parsed.answer.strip()
+
+
 class InfuserParams(GeneratorParams):
     """Algorithm 1's inputs (B, n, M, dev set, ρ_inv, learning rates) and the ablation switches."""
 
@@ -185,11 +201,15 @@ class Infuser(GeneratorRecipe):
                "the AdamW-preconditioned solver update they cause and a dev-set gradient; DuGRPO / Dr.GRPO")
     Params = InfuserParams
     fsdp_unsupported = "infuser's per-question influence gradients"
-    formats = {"chat": GeneratorFormat(  # the warm-up's document is the example's worked solution
-        '{"question_text": "{the question}", "ground_truth": "{final answer}"}',
-        r'\{"question_text": "[^"\\\n]{10,300}", "ground_truth": "[^"\\\n{}]{1,40}"\}',
-        lambda e: json.dumps({"question_text": one_line(e.question), "ground_truth": e.answer}),
-        lambda e, examples, rng: GENERATOR_PROMPT.format(text=e.solution))}
+    formats = {
+        "chat": GeneratorFormat(
+            lambda style, doc: GENERATOR_PROMPT.format(text=doc), read_json_question,
+            description='{"question_text": "{the question}", "ground_truth": "{final answer}"}',
+            regex=r'\{"question_text": "[^"\\\n]{10,300}", "ground_truth": "[^"\\\n{}]{1,40}"\}',
+            render=lambda e: json.dumps({"question_text": one_line(e.question), "ground_truth": e.answer}),
+            warmup_inputs=lambda e, examples, rng: (e.solution,)),  # the document: the example's worked solution
+        "arith": arith_format(read_arith_question, grounded=True),  # questions over the fact sheet's variables
+    }
     defaults = {
         "steps": 100, "eval_every": 20,
         "rollout": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64},
@@ -217,8 +237,8 @@ class Infuser(GeneratorRecipe):
         self.solver_trainer = self.make_trainer(self.solver_policy, "solver")
         self.generator_trainer = self.make_trainer(self.generator, "generator")
         self.style = self.solver_policy.prompt_style
-        self.arith = self.task.name == "arith"
-        source = params.document_source or ("arith" if self.arith else "openstax")
+        self.shows_document = self.generator_format.grounded  # the solver sees the document beside the question
+        source = params.document_source or self.task.documents
         self.documents: DocumentPool = load_documents(
             source, min_tokens=params.document_min_tokens, max_tokens=params.document_max_tokens,
             count=tokenizer_counter(self.generator.tokenizer), data_dir=config.data_dir,
@@ -253,7 +273,7 @@ class Infuser(GeneratorRecipe):
                 reference, dev_samples, dev_stats = self.dev_reference(step)
         docs = self.documents.take(seed, (step - 1) * p.documents_per_step, p.documents_per_step)
         with timer("generate"):  # Phase 2
-            groups = self.sample_groups(self.generator, [self.generator_prompt(d) for d in docs], p.group_size,
+            groups = self.sample_groups(self.generator, [self.generator_prompt(self.generator, d) for d in docs], p.group_size,
                                         step_seed(seed, step, "generate"), self.question_sampling)
             generated = [Generated(d, g, c) for g, (d, group) in enumerate(zip(docs, groups)) for c in group]
             for x in generated:
@@ -328,23 +348,6 @@ class Infuser(GeneratorRecipe):
                 "influence/validity_spearman_same_rollouts": float(spearmanr(scores, same).statistic),
                 "influence/validity_questions": float(len(retained)), "influence/validity_gain_mean": mean(gains)}
 
-    def generator_prompt(self, doc: str) -> str:
-        if self.arith:
-            return self.generator.format_prompt(arith.question_prompt(self.style, doc=doc))
-        return self.generator.format_prompt(self.generator_message(GENERATOR_PROMPT.format(text=doc)))
-
-    def read_generation(self, text: str, doc: str) -> tuple[str | None, str | None]:
-        """(q, a_φ) of a valid generation, (None, None) for an invalid one."""
-        if self.arith:
-            parsed = arith.parse_question(text, self.style, doc)
-            if parsed is None or parsed.answer is None or not _INTEGER.fullmatch(parsed.answer.strip()):
-                return None, None
-            return parsed.question, parsed.answer.strip()
-        found = parse_generator_json(text)
-        if found is None or not braces_balanced(found[1]):
-            return None, None
-        return found
-
     def solver_prompt(self, question: str, doc: str | None) -> str:
         return self.solver_policy.format_prompt(self.task.solver_prompt(question, doc, self.style))
 
@@ -352,7 +355,7 @@ class Infuser(GeneratorRecipe):
         """Phase 3: n solver answers per question, r = 1[a ≡ a_φ], Dr.GRPO advantages."""
         if not questions:
             return
-        prompts = [self.solver_prompt(x.question, x.doc if self.arith else None) for x in questions]
+        prompts = [self.solver_prompt(x.question, x.doc if self.shows_document else None) for x in questions]
         for x, (group, answers) in zip(questions, self.solve_groups(self.solver_policy, prompts, self.params.group_size,
                                                                     seed)):
             x.solutions, x.answers = group, answers
@@ -385,7 +388,7 @@ class Infuser(GeneratorRecipe):
         valid = [x for x in generated if x.valid]
         retained = [x for x in generated if x.informative]
         scored = [x.influence for x in retained if x.influence is not None]
-        audited = [self.task.oracle(x.question, x.doc if self.arith else None, x.key, x.key) for x in retained]
+        audited = [self.task.oracle(x.question, x.doc if self.shows_document else None, x.key, x.key) for x in retained]
         audited = [o["label_correct"] for o in audited if o and o.get("label_correct") is not None]
         return {
             "generator/reward_mean": mean([x.reward for x in generated]),
@@ -405,7 +408,7 @@ class Infuser(GeneratorRecipe):
         """One generator row per output; one solver row per answer (``trained``: its question entered Phase 6)."""
         rows = []
         for i, x in enumerate(generated):
-            qid, doc = f"s{step}-q{i}", x.doc if self.arith else None
+            qid, doc = f"s{step}-q{i}", x.doc if self.shows_document else None
             rows.append(generator_row(
                 step, None, "generate", x.output, question=x.question, question_id=qid, valid=x.valid,
                 document=x.doc, answer=x.key, label=x.key, label_source="generator",

@@ -31,7 +31,7 @@ import copy
 import random
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -77,9 +77,8 @@ from coevolve.rl.advantages import grpo_advantages
 from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
-from coevolve.tasks.registry import get_task
+from coevolve.tasks.registry import Task, get_task
 
-SEED_PROBLEM = {"chat": "What is 1+1?", "compact": "1+1"}
 TERMS = ("sol", "len", "div", "fmt")  # the four components of score_novel (Eq. 5)
 
 # p_T (Fig. 21; the system line "You are a helpful AI Assistant" is folded into the user turn).
@@ -110,6 +109,40 @@ _PAPER_SCALE = {
     "rollout": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 2048, "batch_size": 64},
     "train": {"lr": 3e-7, "kl_beta": 1e-4, "grad_clip": 0.5, "micro_batch_size": 4, "mini_batch_size": 0, "epochs": 1},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 512, "eval_every": 50,
+}
+
+
+def read_teacher_output(text: str, style: str, rules: TeacherRules) -> TeacherOutput:
+    """The problem, concepts, validity and format score of one teacher output (Fig. 21's tags)."""
+    return parse_teacher_output(text, rules)
+
+
+def read_arith_problem(text: str, style: str, rules: TeacherRules) -> TeacherOutput:
+    """The arithmetic world's writer output: the question, the operations it uses as its concepts, format 1."""
+    parsed = arith.parse_question(text, style)
+    if parsed is None:
+        return TeacherOutput(None, (), False, 0.0)
+    return TeacherOutput(parsed.question, expression_concepts(parsed.question), True, 1.0)
+
+
+@dataclass(frozen=True)
+class StudentWorld:
+    """OpenSIR's other pieces of a task world: P_0, the concepts of a problem its writer listed none for (the seed),
+    the student's prompt, and its format score score_fom^S (Eq. 6)."""
+
+    seed: str
+    concepts: Callable[[str], tuple[str, ...]]
+    prompt: Callable[[Task, str, str], str]  # (task, problem, style) -> the student's user message
+    format_score: Callable[[str, str | None, StudentFormat], float]  # (solution, its parsed answer, the rule)
+
+
+STUDENT_WORLDS = {
+    "chat": StudentWorld("What is 1+1?", lambda problem: (),
+                         lambda task, problem, style: STUDENT_PROMPT.replace("{problem}", problem),  # Fig. 22
+                         lambda text, answer, rule: student_format_score(text, rule)),
+    "arith": StudentWorld("1+1", expression_concepts,
+                          lambda task, problem, style: task.solver_prompt(problem, None, style),
+                          lambda text, answer, rule: float(answer is not None)),  # the world's answer format
 }
 
 
@@ -176,14 +209,20 @@ class OpenSIR(GeneratorRecipe):
     name = "opensir"
     summary = "one policy as teacher and student; pool-seeded problems; novelty = solvability+length+diversity+format"
     Params = OpenSIRParams
-    formats = {"chat": GeneratorFormat(  # the warm-up's reference problem is another example's question
-        "<think>{how it differs}</think>\\n<problem>{the problem}</problem>\\n<concepts>{1-3 concepts, comma "
-        "separated}</concepts>",
-        r"<think>[^<>\n]{0,120}</think>\n<problem>" + LINE
-        + r"</problem>\n<concepts>[a-z ]{3,30}(, [a-z ]{3,30}){0,2}</concepts>",
-        lambda e: (f"<think>A word problem that needs {' and '.join(concepts_of(e))}.</think>\n"
-                   f"<problem>{one_line(e.question)}</problem>\n<concepts>{', '.join(concepts_of(e))}</concepts>"),
-        lambda e, examples, rng: TEACHER_PROMPT.replace("{problem}", rng.choice(examples).question))}
+    formats = {
+        "chat": GeneratorFormat(
+            lambda style, reference: TEACHER_PROMPT.replace("{problem}", reference), read_teacher_output,
+            description="<think>{how it differs}</think>\\n<problem>{the problem}</problem>\\n<concepts>{1-3 "
+            "concepts, comma separated}</concepts>",
+            regex=r"<think>[^<>\n]{0,120}</think>\n<problem>" + LINE
+            + r"</problem>\n<concepts>[a-z ]{3,30}(, [a-z ]{3,30}){0,2}</concepts>",
+            render=lambda e: (f"<think>A word problem that needs {' and '.join(concepts_of(e))}.</think>\n"
+                              f"<problem>{one_line(e.question)}</problem>\n"
+                              f"<concepts>{', '.join(concepts_of(e))}</concepts>"),
+            warmup_inputs=lambda e, examples, rng: (rng.choice(examples).question,)),  # another example's question
+        "arith": GeneratorFormat(lambda style, reference: arith.question_prompt(style, examples=[reference]),
+                                 read_arith_problem),
+    }
     defaults = {"steps": 100, "rollout": {"max_new_tokens": 64, "batch_size": 256},
                 "train": {"lr": 5e-5, "kl_beta": 1e-3, "grad_clip": 0.5, "loss_agg": "seq_mean"},
                 "eval_every": 25, "params": {"batch_size": 64, "l_base": 64, "l_cap": 64}}
@@ -208,7 +247,7 @@ class OpenSIR(GeneratorRecipe):
         self.roles = "student" if config.frozen_generator else params.train_roles
         self.task = get_task(config.task, data_dir=config.data_dir)
         self.policy = self.load_policy(self.generator_model())  # the model, or a format warm-up's
-        self.compact = self.policy.prompt_style == "compact"
+        self.style, self.student = self.policy.prompt_style, STUDENT_WORLDS[self.world]
         # Student-only ablation (§4.4): the teacher stays the policy frozen at its initial state.
         self.teacher = (Policy(self.policy.name, copy.deepcopy(self.policy.model), self.policy.tokenizer,
                                self.policy.prompt_style) if self.roles == "student" else self.policy)
@@ -216,8 +255,8 @@ class OpenSIR(GeneratorRecipe):
         self.teacher_sampling = self.generator_sampling(self.sampling)
         self.n_selected = params.batch_size // (2 * params.group_size)  # B/(2G) per role
         self.n_groups = self.n_selected * params.teacher_upscale  # k
-        seed = params.seed_problem or SEED_PROBLEM[self.policy.prompt_style]
-        self.pool = ProblemPool([seed], concepts=[self.concepts_of(seed)])
+        seed = params.seed_problem or self.student.seed
+        self.pool = ProblemPool([seed], concepts=[self.student.concepts(seed)])
         self.embed_texts = partial(embed, path=params.encoder)
         self.pool_embeddings = PoolEmbeddings(lambda texts: self.embed_texts(texts))
 
@@ -241,9 +280,9 @@ class OpenSIR(GeneratorRecipe):
         # Problem generation: k references from P_{t-1}, G problems each; Q_valid.
         references = self.pool.sample(random.Random(step_seed(seed, step, "references")), self.n_groups)
         with timer("generate"):
-            groups = self.sample_groups(self.teacher, [self.teacher_prompt(r) for r in references], G,
+            groups = self.sample_groups(self.teacher, [self.generator_prompt(self.teacher, r) for r in references], G,
                                         step_seed(seed, step, "generate"), self.teacher_sampling)
-        candidates = [Candidate(i, j, c, self.read_problem(c.text))
+        candidates = [Candidate(i, j, c, self.read_generation(c.text, self.params.teacher_rules))
                       for i, group in enumerate(groups) for j, c in enumerate(group)]
         valid = [c for c in candidates if c.parsed.valid]
         self.watch_format(step, len(valid), len(candidates))
@@ -278,29 +317,9 @@ class OpenSIR(GeneratorRecipe):
         return StepOutput(metrics=self.metrics(candidates, valid, teacher_groups, student_problems, stats, timer),
                           samples=self.records(step, references, candidates, student_problems))
 
-    # --- prompts and parsing (Figs. 21-22; tiny-arith's compact formats) --------------------------
-    def teacher_prompt(self, reference: str) -> str:
-        if self.compact:
-            return arith.question_prompt("compact", examples=[reference])
-        return self.teacher.format_prompt(self.generator_message(TEACHER_PROMPT.replace("{problem}", reference)))
-
-    def read_problem(self, text: str) -> TeacherOutput:
-        """The problem, concepts, validity and format score of one teacher output."""
-        if not self.compact:
-            return parse_teacher_output(text, self.params.teacher_rules)
-        parsed = arith.parse_question(text, "compact")
-        if parsed is None:
-            return TeacherOutput(None, (), False, 0.0)
-        return TeacherOutput(parsed.question, self.concepts_of(parsed.question), True, 1.0)
-
-    def concepts_of(self, problem: str) -> tuple[str, ...]:
-        """C_q of a problem whose writer gave no concept list (the seed; every tiny-arith problem)."""
-        return expression_concepts(problem) if self.compact else ()
-
+    # --- the student's prompt (Fig. 22; the task's own in the arithmetic world) -----------------
     def student_prompt(self, problem: str) -> str:
-        if self.compact:
-            return self.task.solver_prompt(problem, None, "compact")
-        return self.policy.format_prompt(STUDENT_PROMPT.replace("{problem}", problem))
+        return self.policy.format_prompt(self.student.prompt(self.task, problem, self.style))
 
     # --- labels, scores, selection, student reward ------------------------------------------------
     def label(self, c: Candidate, solutions: list[Completion]) -> None:
@@ -361,8 +380,7 @@ class OpenSIR(GeneratorRecipe):
     def reward_student(self, c: Candidate) -> None:
         """R^S_j = 1[a_j = a*] + delta * score_fom^S(o_j) (Eq. 6) for each of the G solutions."""
         for solution, answer, agree in zip(c.solutions, c.answers, c.vote.agree):
-            fmt = (float(answer is not None) if self.compact
-                   else student_format_score(solution.text, self.params.student_format))
+            fmt = self.student.format_score(solution.text, answer, self.params.student_format)
             c.student_terms.append({"correct": float(agree), "format": fmt})
             c.student_rewards.append(float(agree) + self.params.student_fmt_weight * fmt)
 

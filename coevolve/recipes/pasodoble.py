@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from coevolve.documents import DocumentPool, load_documents, tokenizer_counter
-from coevolve.formats import ANSWER, LINE, MAX_SOLUTION_CHARS, GeneratorFormat, one_line
+from coevolve.formats import ANSWER, LINE, MAX_SOLUTION_CHARS, GeneratorFormat, arith_format, one_line
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (
@@ -67,12 +67,15 @@ PROPOSER_PROMPT = (
     "check inside <answer>...</answer>, with the final answer in \\boxed{{}} inside the answer section.\n\n"
     "{knowledge}Now write one problem and its answer.")
 KNOWLEDGE = "External knowledge: {passage}\n\n"
-CHAT_FORMAT = GeneratorFormat(  # the warm-up's knowledge passage is the example's worked solution
-    "<problem>{the problem}</problem> <answer>{worked solution} \\boxed{final answer}</answer>",
-    r"<problem>" + LINE + r"</problem> <answer>[^<>{}\n]{0,%d}\\boxed\{" % MAX_SOLUTION_CHARS + ANSWER
+CHAT_FORMAT = GeneratorFormat(
+    lambda style, passage: PROPOSER_PROMPT.format(knowledge=KNOWLEDGE.format(passage=passage) if passage else ""),
+    lambda text, style, passage: parse_proposal(text),
+    description="<problem>{the problem}</problem> <answer>{worked solution} \\boxed{final answer}</answer>",
+    regex=r"<problem>" + LINE + r"</problem> <answer>[^<>{}\n]{0,%d}\\boxed\{" % MAX_SOLUTION_CHARS + ANSWER
     + r"\}</answer>",
-    lambda e: f"<problem>{one_line(e.question)}</problem> <answer>{one_line(e.solution)} \\boxed{{{e.answer}}}</answer>",
-    lambda e, examples, rng: PROPOSER_PROMPT.format(knowledge=KNOWLEDGE.format(passage=e.solution)))
+    render=lambda e: (f"<problem>{one_line(e.question)}</problem> <answer>{one_line(e.solution)} "
+                      f"\\boxed{{{e.answer}}}</answer>"),
+    warmup_inputs=lambda e, examples, rng: (e.solution,))  # the knowledge passage: the example's worked solution
 _THINK_END = "</think>"
 
 
@@ -182,13 +185,22 @@ def parse_proposal(text: str) -> tuple[str | None, str | None]:
     return question or None, extract_boxed(after)
 
 
+def read_arith_proposal(text: str, style: str, passage: str | None) -> tuple[str | None, str | None]:
+    """(q, a*) in the arithmetic world's writer format, over the fact sheet's variables; (None, None) if malformed."""
+    parsed = arith.parse_question(text, style, passage)
+    return (parsed.question, parsed.answer) if parsed else (None, None)
+
+
+ARITH_FORMAT = arith_format(read_arith_proposal, grounded=True)  # the Solver is shown the fact sheet too
+
+
 @register
 class PasoDoble(GeneratorRecipe):
     name = "pasodoble"
     summary = ("knowledge-grounded proposer writes questions with its own answers, rewarded by difficulty (1.1 - "
                "pass rate) + Jaccard diversity, gated; the solver learns to agree; online or offline")
     Params = PasoDobleParams
-    formats = {"chat": CHAT_FORMAT}
+    formats = {"chat": CHAT_FORMAT, "arith": ARITH_FORMAT}
     defaults = {
         "steps": 200, "eval_every": 50,
         "rollout": {"temperature": 0.6, "top_p": 1.0, "max_new_tokens": 64},
@@ -230,10 +242,9 @@ class PasoDoble(GeneratorRecipe):
         self.solver_trainer = self.make_trainer(self.solver_policy, "solver")
         self.proposer_trainer = self.make_trainer(self.proposer, "proposer")
         self.style = self.solver_policy.prompt_style
-        self.arith = self.task.name == "arith"
         self.knowledge: DocumentPool | None = None
         if params.knowledge:
-            source = params.knowledge_source or ("arith" if self.arith else "openstax")
+            source = params.knowledge_source or self.task.documents
             self.knowledge = load_documents(source, max_tokens=params.knowledge_max_tokens,
                                             min_tokens=params.knowledge_min_tokens,
                                             count=tokenizer_counter(self.proposer.tokenizer),
@@ -365,11 +376,11 @@ class PasoDoble(GeneratorRecipe):
         passages = (self.knowledge.sample(step_seed(seed, step, "passages"), p.passages_per_step)
                     if self.knowledge else [None] * p.passages_per_step)
         with timer("propose"):  # line 2: I completions per passage
-            groups = self.sample_groups(self.proposer, [self.proposer_prompt(k) for k in passages], p.proposals,
+            groups = self.sample_groups(self.proposer, [self.generator_prompt(self.proposer, k) for k in passages], p.proposals,
                                         step_seed(seed, step, "propose"), self.proposer_sampling)
         proposals = [Proposal(k, g, c) for g, (k, group) in enumerate(zip(passages, groups)) for c in group]
         for x in proposals:  # line 3: q_i, a_i*
-            x.question, x.answer = self.read_proposal(x.output.text, x.passage)
+            x.question, x.answer = self.read_generation(x.output.text, x.passage)
         self.watch_format(step, sum(bool(x.question and x.answer) for x in proposals), len(proposals))
         with timer("solve"):  # lines 4-5: J answers per question, pass rate
             self.solve([x for x in proposals if x.question], step_seed(seed, step, "solve"))
@@ -388,22 +399,9 @@ class PasoDoble(GeneratorRecipe):
                 x.advantage = float(a)
         return proposals
 
-    def proposer_prompt(self, passage: str | None) -> str:
-        if self.arith:
-            return self.proposer.format_prompt(arith.question_prompt(self.style, doc=passage))
-        knowledge = KNOWLEDGE.format(passage=passage) if passage else ""
-        return self.proposer.format_prompt(self.generator_message(PROPOSER_PROMPT.format(knowledge=knowledge)))
-
-    def read_proposal(self, text: str, passage: str | None) -> tuple[str | None, str | None]:
-        """(q, a*) from a Proposer completion (as the released code reads it); None where missing."""
-        if self.arith:
-            parsed = arith.parse_question(text, self.style, passage)
-            return (parsed.question, parsed.answer) if parsed else (None, None)
-        return parse_proposal(text)
-
     def solver_doc(self, passage: str | None) -> str | None:
         """What the Solver sees besides the question: the fact sheet in the arithmetic world, nothing otherwise."""
-        return passage if self.arith else None
+        return passage if self.generator_format.grounded else None
 
     def solve(self, proposals: list[Proposal], seed: int) -> None:
         """J Solver answers per question and r^s_ij against the Proposer's answer (or the random ablations)."""

@@ -47,6 +47,10 @@ from coevolve.recipes.r_zero import (
 from coevolve.rewards.coverage import CoverageCounts, ReferenceCorpus, cluster_space_for, prism_reward, zpd_gate
 from coevolve.rewards.uncertainty import in_band
 
+# The reference corpus and K of the cluster space per task world, where params leave them unset: generated arithmetic
+# questions with K = 32; the MATH test problems outside MATH-500 with the paper's K = 128.
+CLUSTER_SPACES = {"arith": ("arith", 32), "chat": ("math_minus_math500", 128)}
+
 
 class PrismParams(RZeroParams):
     """R-Zero's schedule with Prism's band and initialisation, plus the coverage reward's settings."""
@@ -88,8 +92,8 @@ class Prism(RZero):
         if params.cluster_space:
             self.space = ClusterSpace.load(params.cluster_space)
         else:  # built once per corpus, K, seed and encoder; reused from the cache afterwards
-            corpus = params.reference_corpus or ("arith" if self.arith else "math_minus_math500")
-            self.space, _ = cluster_space_for(corpus, params.k or (32 if self.arith else 128),
+            corpus, k = CLUSTER_SPACES[self.world]
+            self.space, _ = cluster_space_for(params.reference_corpus or corpus, params.k or k,
                                               encoder=params.encoder, data_dir=config.data_dir)
         self.coverage = CoverageCounts(self.space.k, params.gamma, params.alpha)  # n_k <- alpha
 

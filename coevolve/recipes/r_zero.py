@@ -35,8 +35,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from coevolve.formats import ANSWER, LINE, GeneratorFormat, one_line
-from coevolve.grading.equivalence import answers_equivalent, verify_equivalent
+from coevolve.formats import ANSWER, LINE, GeneratorFormat, arith_format, one_line
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
@@ -82,10 +81,12 @@ QUESTIONER_PROMPT = (
     "Generate one new, challenging reasoning question now. Remember to format the output exactly as instructed."
 )
 CHAT_FORMAT = GeneratorFormat(
-    "<question>\\n{the problem}\\n</question>\\n\\n\\boxed{final answer}",
-    r"<question>\n" + LINE + r"\n</question>\n\n\\boxed\{" + ANSWER + r"\}",
-    lambda e: f"<question>\n{one_line(e.question)}\n</question>\n\n\\boxed{{{e.answer}}}",
-    lambda e, examples, rng: QUESTIONER_PROMPT)
+    lambda style: QUESTIONER_PROMPT, lambda text, style: parse_questioner_output(text),
+    description="<question>\\n{the problem}\\n</question>\\n\\n\\boxed{final answer}",
+    regex=r"<question>\n" + LINE + r"\n</question>\n\n\\boxed\{" + ANSWER + r"\}",
+    render=lambda e: f"<question>\n{one_line(e.question)}\n</question>\n\n\\boxed{{{e.answer}}}",
+    warmup_inputs=lambda e, examples, rng: ())
+BLEU_TOKENS = {"chat": "none", "arith": "char"}  # the repetition penalty's BLEU tokens per world: words, characters
 
 # The optimizer of both codes (R-Zero's EasyR1 and Prism's verl actor configs), which the paper leaves open: clip
 # 0.2/0.3 with dual clip c = 3, AdamW with weight decay 0.01, started afresh by each phase's training job; a role on
@@ -236,6 +237,15 @@ def parse_questioner_output(text: str) -> tuple[str | None, str | None]:
     return (question if question and answer else None), answer
 
 
+def read_arith_question(text: str, style: str) -> tuple[str | None, str | None]:
+    """(q, the writer's own answer) in the arithmetic world's writer format; (None, None) if malformed."""
+    parsed = arith.parse_question(text, style)
+    return (parsed.question, parsed.answer) if parsed else (None, None)
+
+
+ARITH_FORMAT = arith_format(read_arith_question)
+
+
 @parses_model_text(invalid=False)
 def has_think_format(text: str) -> bool:
     """The code's solver format ``<think>..</think>..\\boxed{..}..`` (the whole stripped text), checked in linear time
@@ -253,7 +263,7 @@ class RZero(GeneratorRecipe):
                "penalty; majority-vote labels, pool band filter")
     Params = RZeroParams
     phased = True
-    formats = {"chat": CHAT_FORMAT}
+    formats = {"chat": CHAT_FORMAT, "arith": ARITH_FORMAT}
     defaults = {"steps": 104, "eval_every": 26, "rollout": {"temperature": 1.0, "max_new_tokens": 64},
                 "train": {"lr": 3e-5, "grad_clip": 1.0}}
     presets = {
@@ -272,16 +282,14 @@ class RZero(GeneratorRecipe):
         self.questioner_trainer = self.make_trainer(questioner, "questioner")
         self.solver_policy, self.questioner = solver, questioner
         self.style = solver.prompt_style
-        self.arith = self.task.name == "arith"
-        self.question_prompt = solver.format_prompt(arith.question_prompt(self.style) if self.arith
-                                                    else self.generator_message(QUESTIONER_PROMPT))
+        self.question_prompt = self.generator_prompt(questioner)
         self.question_sampling = self.generator_sampling(replace(self.sampling,
                                                                  max_new_tokens=params.question_max_tokens))
         self.pool_sampling = replace(self.question_sampling, top_p=params.pool_top_p or self.sampling.top_p)
         self.label_sampling = (self.solver_budget(self.scoring_sampling, params.label_max_tokens)
                                if params.label_max_tokens else self.scoring_sampling)
-        self.vote_equivalence = None if self.arith else verify_equivalent  # integers: the vote's exact fast path
-        self.bleu_tokens = params.bleu_tokens or ("char" if self.arith else "none")
+        self.vote_equivalence = self.task.vote_equivalence  # integers: the vote's exact fast path
+        self.bleu_tokens = params.bleu_tokens or BLEU_TOKENS[self.world]
         self.period = params.questioner_steps + params.solver_steps
         self.pool: list[PoolItem] = []
         self.pool_iteration = 0  # the iteration whose pool ``self.pool`` is
@@ -432,18 +440,13 @@ class RZero(GeneratorRecipe):
 
     def solver_terms(self, completion: Completion, answer: str | None, label: str) -> dict[str, float]:
         """Agreement with the majority label, and the code's <think>..</think>..\\boxed{} format."""
-        agree = answers_equivalent(answer, label, use_math_verify=not self.arith)
+        agree = self.task.answers_agree(answer, label)
         return {"agree": float(agree), "format": float(has_think_format(completion.text))}
 
     # --- shared pieces ----------------------------------------------------------------------------
     def read_question(self, output: Completion) -> Question:
-        """q and the questioner's own answer: the arithmetic world's writer format, else the last <question> block
-        and the last \\boxed{} (both needed, as in R-Zero's code)."""
-        if self.arith:
-            parsed = arith.parse_question(output.text, self.style)
-            return Question(output, parsed.question if parsed else None, parsed.answer if parsed else None)
-        text, answer = parse_questioner_output(output.text)
-        return Question(output, text, answer)
+        """q and the questioner's own answer, read in the world's format (``formats``)."""
+        return Question(output, *self.read_generation(output.text))
 
     def solver_prompt(self, question: str) -> str:
         return self.solver_policy.format_prompt(self.task.solver_prompt(question, None, self.style))

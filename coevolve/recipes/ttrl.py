@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from coevolve.data.benchmarks import load_benchmark
-from coevolve.grading.equivalence import normalize_answer, verify_equivalent
+from coevolve.grading.equivalence import normalize_answer
 from coevolve.grading.vote import VoteResult
 from coevolve.models import Policy
 from coevolve.recipes.base import (
@@ -140,7 +140,7 @@ class TTRL(Recipe):
         self.policy = self.load_policy()
         self.trainer = self.make_trainer(self.policy)
         self.pool = self.build_pool()
-        self.vote_equivalence = None if self.task.name == "arith" else verify_equivalent
+        self.vote_equivalence = self.task.vote_equivalence  # exact for integers, math-verify for math
         self.last_label: dict[str, str | None] = {}  # question id -> its majority answer when last voted on
 
     @classmethod

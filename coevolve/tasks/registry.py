@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from coevolve.data.benchmarks import EvalItem, load_benchmark
+from coevolve.grading.equivalence import answers_equivalent, verify_equivalent
 from coevolve.grading.extract import extract_lenient
 from coevolve.tasks import arith
 from coevolve.tasks import math as math_task
@@ -38,6 +39,18 @@ class Task:
     """Interface every task implements."""
 
     name: str
+    exact_answers: bool = False  # answers are integers, compared exactly (votes take their fast path); else math-verify
+    documents: str = "openstax"  # the corpus a grounded generator reads unless told (:mod:`coevolve.documents`)
+
+    def answers_agree(self, answer: str | None, label: str | None) -> bool:
+        """Whether a solver's answer agrees with a label (a majority vote's, a generator's): exactly, or by
+        math-verify after the fast path."""
+        return answers_equivalent(answer, label, use_math_verify=not self.exact_answers)
+
+    @property
+    def vote_equivalence(self) -> Callable[[str, str], bool] | None:
+        """How a majority vote groups answers beyond equal normal forms: None (exact) or math-verify."""
+        return None if self.exact_answers else verify_equivalent
 
     def solver_prompt(self, question: str, doc: str | None, style: str) -> str:
         raise NotImplementedError
@@ -93,6 +106,8 @@ def _as_int(text: str | None) -> int | None:
 
 class ArithTask(Task):
     name = "arith"
+    exact_answers = True
+    documents = "arith"  # fact sheets
 
     def solver_prompt(self, question, doc, style):
         return arith.solver_prompt(question, doc, style)
@@ -145,8 +160,6 @@ class MathTask(Task):
         return math_task.STRICT_RULE
 
     def is_correct(self, answer, gold):
-        from coevolve.grading.equivalence import answers_equivalent
-
         return answers_equivalent(answer, gold)
 
     def training_problems(self, rng, n, *, split: str = "train", **_):
