@@ -1,5 +1,6 @@
-"""Runs of the CLI compared with each other (tests/test_distributed.py, tests/test_resume.py): the samples, each
-role's per-step loss and grad norm, final weights and AdamW state; and a run killed with every process it started."""
+"""Runs of the CLI compared with each other (tests/test_distributed.py, tests/test_resume.py, tests/test_ttrl.py): the
+samples, each role's per-step loss and grad norm, final weights and AdamW state; a run that kills itself mid-step; and a
+run killed with every process it started."""
 
 from __future__ import annotations
 
@@ -127,3 +128,37 @@ def kill_process_tree(pid: int) -> None:
             pass
     _, alive = psutil.wait_procs(tree, timeout=60)
     assert not alive, f"still running after SIGKILL: {alive}"
+
+
+# A run killed mid-step is the uninterrupted run's CLI call with one function wrapped so that the process SIGKILLs
+# itself at a fixed point of step 2: deterministic on any machine speed (polling for a checkpoint and killing raced on
+# fast CI). The steps after it then train after the resume.
+KILL_DRIVER = """
+import os, signal, sys
+import coevolve.store as store
+point = sys.argv.pop(1)
+if point == "after_samples":
+    original = store.RunStore.write_samples
+    def wrapped(self, step, records):
+        original(self, step, records)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    store.RunStore.write_samples = wrapped
+else:  # mid_checkpoint: weights of step 2 written, optimizer state not yet
+    original = store.save_file
+    def wrapped(tensors, path, *args, **kwargs):
+        if "/.step_000002." in path:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(tensors, path, *args, **kwargs)
+    store.save_file = wrapped
+from coevolve.cli import app
+sys.argv[0] = "coevolve"
+app()
+"""
+
+
+def run_killed(point: str, args: list[str]) -> subprocess.CompletedProcess:
+    """``coevolve ARGS`` in a child process that SIGKILLs itself at ``point`` of step 2 (``after_samples``: its
+    samples written, its checkpoint not; ``mid_checkpoint``: its weights written, its AdamW state not)."""
+    return subprocess.run([sys.executable, "-c", KILL_DRIVER, point, *args], capture_output=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})

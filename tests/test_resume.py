@@ -4,50 +4,20 @@ as the uninterrupted run did: the same per-step loss and grad norm, final weight
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
-from run_checks import DYNAMIC_RL_RUN, assert_same_training, train_rows
+from run_checks import DYNAMIC_RL_RUN, assert_same_training, run_killed, train_rows
 from typer.testing import CliRunner
 
 from coevolve.cli import app
-
-# The killed run is the uninterrupted run's CLI call (DYNAMIC_RL_RUN: 3 steps of 4 AdamW steps each) with one
-# function wrapped so that the process SIGKILLs itself at a fixed point of step 2: deterministic on any machine speed
-# (polling for a checkpoint and killing raced on fast CI). Steps 2 and 3 then train after the resume.
-_KILL_DRIVER = """
-import os, signal, sys
-import coevolve.store as store
-point = sys.argv.pop(1)
-if point == "after_samples":
-    original = store.RunStore.write_samples
-    def wrapped(self, step, records):
-        original(self, step, records)
-        if step == 2:
-            os.kill(os.getpid(), signal.SIGKILL)
-    store.RunStore.write_samples = wrapped
-else:  # mid_checkpoint: weights of step 2 written, optimizer state not yet
-    original = store.save_file
-    def wrapped(tensors, path, *args, **kwargs):
-        if "/.step_000002." in path:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return original(tensors, path, *args, **kwargs)
-    store.save_file = wrapped
-from coevolve.cli import app
-sys.argv[0] = "coevolve"
-app()
-"""
 
 
 @pytest.mark.parametrize("kill_point", ["after_samples", "mid_checkpoint"])
 def test_sigkill_mid_step_then_resume(tmp_path, small_tiny_arith, dynamic_rl_run, kill_point):
     killed = tmp_path / "killed"
     args = [*DYNAMIC_RL_RUN, "--set", f"model={small_tiny_arith[1]}", "--out", str(killed)]
-    proc = subprocess.run([sys.executable, "-c", _KILL_DRIVER, kill_point, *args], capture_output=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = run_killed(kill_point, args)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert not (killed / "summary.json").exists()
     assert sorted(p.name for p in (killed / "checkpoints").iterdir() if p.name.startswith("step_")) == ["step_000001"]

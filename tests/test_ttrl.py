@@ -4,14 +4,11 @@ the uninterrupted run trained (the vote history included)."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
-from run_checks import assert_same_training, train_rows
+from run_checks import assert_same_training, run_killed, train_rows
 from typer.testing import CliRunner
 
 from coevolve.analytics.collapse import collapse_step, vote_summary
@@ -172,23 +169,6 @@ TTRL_RUN = ["run", "ttrl", "--quiet", "--set", "steps=3", "--set", "params.pool_
             "params.questions_per_step=2", "--set", "params.vote_samples=8", "--set", "params.train_samples=4",
             "--set", "rollout.max_new_tokens=32", "--set", "train.lr=1e-3", "--set", "eval_sets=[arith_l1]",
             "--set", "eval_limit=8", "--set", "eval_every=0"]
-_KILL_AFTER_STEP_2_SAMPLES = """
-import os, signal, sys
-import coevolve.store as store
-original = store.RunStore.write_samples
-def wrapped(self, step, records):
-    original(self, step, records)
-    if step == 2:
-        os.kill(os.getpid(), signal.SIGKILL)
-store.RunStore.write_samples = wrapped
-from coevolve.analytics.collapse import collapse_step, vote_summary
-from coevolve.analytics.curriculum import load_run
-from coevolve.cli import app
-sys.argv[0] = "coevolve"
-app()
-"""
-
-
 @pytest.fixture(scope="module")
 def ttrl_run(tmp_path_factory, small_tiny_arith):
     """The uninterrupted run of TTRL_RUN on the test model."""
@@ -201,9 +181,7 @@ def ttrl_run(tmp_path_factory, small_tiny_arith):
 def test_killed_mid_step_resumes_as_the_uninterrupted_run(tmp_path, small_tiny_arith, ttrl_run):
     model, whole = small_tiny_arith[1], ttrl_run
     killed = tmp_path / "killed"
-    proc = subprocess.run([sys.executable, "-c", _KILL_AFTER_STEP_2_SAMPLES, *TTRL_RUN, "--set", f"model={model}",
-                           "--out", str(killed)], capture_output=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = run_killed("after_samples", [*TTRL_RUN, "--set", f"model={model}", "--out", str(killed)])
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     resumed = CliRunner().invoke(app, ["run", "--resume", str(killed), "--quiet"])
     assert resumed.exit_code == 0, resumed.output
