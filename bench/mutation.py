@@ -183,7 +183,8 @@ def run_tests(scratch: Path, args: tuple[str, ...], env: dict[str, str], timeout
     args = tuple(a for a in args if not a.startswith("tests/") or (scratch / a.split("::")[0]).is_file())
     if not any(a.startswith("tests/") for a in args):
         return "passed", "no mapped test file exists"
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args]
+    # -n 0: in one process, as the figures in bench/README.md were measured (the suite's default is 2 workers)
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", *args]
     with subprocess.Popen(command, cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as pytest:
         try:

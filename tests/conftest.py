@@ -55,14 +55,24 @@ def random_model_dir(tmp_path_factory):
     return save_random_llama(tmp_path_factory.mktemp("random-tiny"), hidden=32)
 
 
+def session_folder(tmp_path_factory, name: str) -> Path:
+    """A folder of this test session that its pytest-xdist workers share (each worker's base folder sits in the
+    session's); a build cached there under a file lock runs once for all of them."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def small_tiny_arith(tmp_path_factory):
     """(cache folder, model folder) of the quick tiny-arith test build: weak, but it writes the task formats. Built
-    once per session, or kept in ``COEVOLVE_TEST_CACHE`` across sessions when that is set (bench/mutation.py)."""
+    once per session (for every worker), or kept in ``COEVOLVE_TEST_CACHE`` across sessions when that is set
+    (bench/mutation.py)."""
     from coevolve.models.tiny_arith import TinyArithBuild, ensure_tiny_arith
 
     kept = os.environ.get("COEVOLVE_TEST_CACHE")
-    cache = Path(kept) if kept else tmp_path_factory.mktemp("models")
+    cache = Path(kept) if kept else session_folder(tmp_path_factory, "models")
     return cache, ensure_tiny_arith(cache, TinyArithBuild.for_tests(), progress=False)
 
 
