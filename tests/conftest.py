@@ -12,6 +12,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)  # the test models are tiny: one thread is as fast and never oversubscribes
 
 
+# Files that take minutes (two-step loops on a 135M chat model, multi-process runs): started first, so that one
+# xdist worker runs them while the other works through the short files.
+LONG_FILES = ("test_real_lm_loop.py", "test_distributed.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in LONG_FILES)  # stable: the order within each group is kept
+
+
 @pytest.fixture
 def random_policy():
     """A 2-layer random Llama with the character-level tokenizer, wrapped as a Policy."""
