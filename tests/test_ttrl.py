@@ -4,6 +4,7 @@ the uninterrupted run trained (the vote history included)."""
 
 from __future__ import annotations
 
+import math
 import signal
 
 import pytest
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 from coevolve.analytics.collapse import collapse_step, vote_summary
 from coevolve.analytics.curriculum import load_run
 from coevolve.cli import app
+from coevolve.config import ConfigError
 from coevolve.recipes import resolve
 from coevolve.recipes.ttrl import training_subset
 from coevolve.rewards.majority import agreement_rewards, seeded_vote, vote_margin
@@ -100,6 +102,23 @@ def _recipe(model_dir, *extra):
                                                 "params.questions_per_step=3", "params.vote_samples=6",
                                                 "params.train_samples=4", *extra])
     return cls(config, params)
+
+
+def test_the_papers_cosine_schedule_runs_over_the_whole_run(random_model_dir):
+    """The paper and code presets schedule the lr (cosine over all steps; the code warms up over 3%), which a recipe
+    without phases refuses."""
+    for preset, warmup in (("paper", 0.0), ("reference_code", 0.03)):
+        config, params, cls = resolve("ttrl", preset=preset, sets=[f"model={random_model_dir}", "task=arith",
+                                                                   "params.pool_source=train", "eval_sets=[]"])
+        trainer = cls(config, params).trainer
+        assert (trainer.settings.lr_schedule, trainer.settings.lr_warmup_ratio) == ("cosine", warmup)
+        half, warm = config.steps // 2, int(warmup * config.steps)
+        trainer.phase_step(half, config.steps)  # half way: about half the peak of 5e-7
+        factor = 0.5 * (1 + math.cos(math.pi * (half - warm) / (config.steps - warm)))
+        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-7 * factor) and 0.5 <= factor < 0.53
+    config, params, cls = resolve("grpo", sets=[f"model={random_model_dir}", "train.lr_schedule=cosine"])
+    with pytest.raises(ConfigError, match="grpo has no phases; only recipes with phases .*ttrl"):
+        cls(config, params)
 
 
 def test_step_rewards_agreement_with_the_majority_never_the_ground_truth(random_model_dir):

@@ -140,8 +140,9 @@ class Recipe:
         settings = self.params.role_updates().get(role, RoleUpdate()).apply(settings)
         if not self.phased and (settings.lr_schedule != "constant" or settings.optimizer_reset != "never"):
             key = "train.lr_schedule" if settings.lr_schedule != "constant" else "train.optimizer_reset"
+            phased = ", ".join(sorted(name for name, recipe in RECIPES.items() if recipe.phased))
             raise ConfigError(f"config key '{key}': {self.name} has no phases; only recipes with phases "
-                              "(r_zero, prism) schedule the lr or reset AdamW per phase")
+                              f"({phased}) schedule the lr or reset AdamW per phase")
         try:
             trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
         except ValueError as exc:  # peft: a target module the model does not have

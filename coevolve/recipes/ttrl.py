@@ -127,6 +127,7 @@ class TTRL(Recipe):
     summary = ("baseline: test-time RL on unlabeled questions; reward 1 for agreeing with the majority answer of N "
                "samples, GRPO on a subset")
     Params = TTRLParams
+    phased = True  # one phase, the whole run: the paper's cosine lr schedule runs over its steps
     defaults = {"steps": 200, "eval_every": 25, "train": {"lr": 5e-5}, "rollout": {"max_new_tokens": 64}}
     presets = {
         "small": {"model": "tiny-arith", "task": "arith", "steps": 200, "eval_every": 25},
