@@ -14,7 +14,7 @@ torch.set_num_threads(1)  # the test models are tiny: one thread is as fast and 
 
 # Files that take minutes (two-step loops on a 135M chat model, multi-process runs): started first, so that one
 # xdist worker runs them while the other works through the short files.
-LONG_FILES = ("test_real_lm_loop.py", "test_distributed.py")
+LONG_FILES = ("test_real_lm_loop.py", "test_real_lm_warmup_loop.py", "test_distributed.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -100,3 +100,23 @@ def dynamic_rl_run(small_tiny_arith, tmp_path_factory):
     done = launch([*DYNAMIC_RL_RUN, "--set", f"model={small_tiny_arith[1]}", "--out", str(out)])
     assert done.returncode == 0, done.stderr[-2000:]
     return out
+
+
+@pytest.fixture
+def model_threads():
+    """Up to two torch threads for a test that trains a real model (the tiny test models run on one), as many as the
+    cores this worker can count on: under pytest-xdist the other worker keeps the second of two cores busy, and two
+    processes of two threads each on two cores ran the smollm2 loop tests 5-10x slower."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // workers)))
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """smollm2-135m's weights as a plain folder: loads in seconds, not a GGUF."""
+    from coevolve.models import smollm2_hf_folder
+
+    return str(smollm2_hf_folder())

