@@ -93,6 +93,15 @@ def test_a_schedule_needs_a_recipe_with_phases():
         cls(config, params)
 
 
+def test_scoring_settings_need_a_recipe_that_scores_questions():
+    """rollout.scoring on a recipe without scoring votes would change nothing: one ConfigError, not silence."""
+    from coevolve.config import ConfigError
+
+    config, params, cls = resolve("pasodoble", preset="small", sets=["rollout.scoring.top_k=40"])
+    with pytest.raises(ConfigError, match="rollout.scoring.*only prism, r_zero"):
+        cls(config, params)
+
+
 def test_unanswered_samples_stay_in_the_pool_denominator(random_model_dir):
     """Issue 26's example: 3 x "5", 1 x "7", 4 unanswered. Over all 8 samples p = 3/8 and Prism's band [0.5, 0.9]
     drops the question (as its code does); over the 4 answered ones p = 0.75 would keep it."""

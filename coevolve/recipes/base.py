@@ -10,7 +10,7 @@ import hashlib
 import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, Mapping, Sequence
 
 import torch
@@ -70,6 +70,7 @@ class Recipe:
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     fsdp_unsupported: ClassVar[str | None] = None  # why ``train.fsdp`` cannot shard this recipe, if it cannot
     phased: ClassVar[bool] = False  # its roles train in phases (PolicyTrainer.phase_step): lr schedules, resets
+    scores_questions: ClassVar[bool] = False  # its solver votes to score or label questions (``rollout.scoring``)
 
     def __init__(self, config: RunConfig, params: RecipeParams):
         self.config = config
@@ -77,8 +78,10 @@ class Recipe:
         self.sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                                        top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens)
         self.solver_sampling = self.sampling
-        scoring = {k: v for k, v in config.rollout.scoring.model_dump().items() if v is not None}
-        self.scoring_sampling = replace(self.sampling, **scoring)  # votes that score or label, not train
+        if config.rollout.scoring.model_dump(exclude_none=True) and not self.scores_questions:
+            scorers = ", ".join(sorted(name for name, recipe in RECIPES.items() if recipe.scores_questions))
+            raise ConfigError(f"config key 'rollout.scoring': {self.name} has no votes that score or label questions; "
+                              f"only {scorers} sample them")
         self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
         self._residency = (Residency(distributed.device_for(config.device)) if config.train.offload_idle_role

@@ -62,7 +62,6 @@ class GeneratorRecipe(Recipe):
         self.format_watch = FormatWatch(self.name, params.format_warn_after, chat=self.world == "chat")
         if params.solver_format_constraint:  # the solver's rollouts: sample_groups without explicit params
             self.solver_sampling = replace(self.sampling, regex=solver_answer_regex(self.sampling.max_new_tokens))
-            self.scoring_sampling = self.solver_budget(self.scoring_sampling, self.scoring_sampling.max_new_tokens)
         self.format_examples = (load_worked_examples(params.format_examples, self.config.seed, self.config.data_dir)
                                 if params.format_examples else [])
 

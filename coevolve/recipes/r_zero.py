@@ -263,6 +263,7 @@ class RZero(GeneratorRecipe):
                "penalty; majority-vote labels, pool band filter")
     Params = RZeroParams
     phased = True
+    scores_questions = True
     formats = {"chat": CHAT_FORMAT, "arith": ARITH_FORMAT}
     defaults = {"steps": 104, "eval_every": 26, "rollout": {"temperature": 1.0, "max_new_tokens": 64},
                 "train": {"lr": 3e-5, "grad_clip": 1.0}}
@@ -286,8 +287,9 @@ class RZero(GeneratorRecipe):
         self.question_sampling = self.generator_sampling(replace(self.sampling,
                                                                  max_new_tokens=params.question_max_tokens))
         self.pool_sampling = replace(self.question_sampling, top_p=params.pool_top_p or self.sampling.top_p)
-        self.label_sampling = (self.solver_budget(self.scoring_sampling, params.label_max_tokens)
-                               if params.label_max_tokens else self.scoring_sampling)
+        scoring = replace(self.sampling, **config.rollout.scoring.model_dump(exclude_none=True))
+        self.scoring_sampling = self.solver_budget(scoring, scoring.max_new_tokens)  # votes for p(q), not training
+        self.label_sampling = self.solver_budget(scoring, params.label_max_tokens or scoring.max_new_tokens)
         self.vote_equivalence = self.task.vote_equivalence  # integers: the vote's exact fast path
         self.bleu_tokens = params.bleu_tokens or BLEU_TOKENS[self.world]
         self.period = params.questioner_steps + params.solver_steps
