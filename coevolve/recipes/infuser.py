@@ -273,8 +273,9 @@ class Infuser(GeneratorRecipe):
                 reference, dev_samples, dev_stats = self.dev_reference(step)
         docs = self.documents.take(seed, (step - 1) * p.documents_per_step, p.documents_per_step)
         with timer("generate"):  # Phase 2
-            groups = self.sample_groups(self.generator, [self.generator_prompt(self.generator, d) for d in docs], p.group_size,
-                                        step_seed(seed, step, "generate"), self.question_sampling)
+            prompts = [self.generator_prompt(self.generator, d) for d in docs]
+            groups = self.sample_groups(self.generator, prompts, p.group_size, step_seed(seed, step, "generate"),
+                                        self.question_sampling)
             generated = [Generated(d, g, c) for g, (d, group) in enumerate(zip(docs, groups)) for c in group]
             for x in generated:
                 x.question, x.key = self.read_generation(x.output.text, x.doc)
@@ -388,7 +389,8 @@ class Infuser(GeneratorRecipe):
         valid = [x for x in generated if x.valid]
         retained = [x for x in generated if x.informative]
         scored = [x.influence for x in retained if x.influence is not None]
-        audited = [self.task.oracle(x.question, x.doc if self.shows_document else None, x.key, x.key) for x in retained]
+        audited = [self.task.oracle(x.question, x.doc if self.shows_document else None, x.key, x.key)
+                   for x in retained]
         audited = [o["label_correct"] for o in audited if o and o.get("label_correct") is not None]
         return {
             "generator/reward_mean": mean([x.reward for x in generated]),

@@ -376,8 +376,9 @@ class PasoDoble(GeneratorRecipe):
         passages = (self.knowledge.sample(step_seed(seed, step, "passages"), p.passages_per_step)
                     if self.knowledge else [None] * p.passages_per_step)
         with timer("propose"):  # line 2: I completions per passage
-            groups = self.sample_groups(self.proposer, [self.generator_prompt(self.proposer, k) for k in passages], p.proposals,
-                                        step_seed(seed, step, "propose"), self.proposer_sampling)
+            prompts = [self.generator_prompt(self.proposer, k) for k in passages]
+            groups = self.sample_groups(self.proposer, prompts, p.proposals, step_seed(seed, step, "propose"),
+                                        self.proposer_sampling)
         proposals = [Proposal(k, g, c) for g, (k, group) in enumerate(zip(passages, groups)) for c in group]
         for x in proposals:  # line 3: q_i, a_i*
             x.question, x.answer = self.read_generation(x.output.text, x.passage)
