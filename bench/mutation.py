@@ -53,6 +53,7 @@ STORE, LOOP = "coevolve/store.py", "coevolve/loop.py"
 WIRING = ("tests/test_trainer_wiring.py", "tests/test_rollout_trainer.py")
 RESUME = ("tests/test_resume.py",)
 TWO_PROCESSES = ("tests/test_distributed.py::test_two_processes_train_the_same_weights_as_one",)
+SOURCES, TTRL = ("tests/test_source_fidelity.py",), ("tests/test_ttrl.py",)
 
 MUTATIONS: tuple[Mutation, ...] = (
     # --- the issue's connecting code (recipes, trainer, store, distribution) ---------------------------------------
@@ -146,6 +147,39 @@ MUTATIONS: tuple[Mutation, ...] = (
              "first, last = distributed.shard_bounds(len(indices))", "first, last = 0, len(indices)", TWO_PROCESSES),
     Mutation("fsdp_gradients_averaged", DIST, "        unit.set_gradient_divide_factor(1.0)\n", "",
              ("tests/test_distributed.py::test_fsdp_run_killed_and_resumed_trains_the_same_weights_as_one",)),
+    # --- issue 26: the sources' settings; strict and lenient evaluation ------------------------------------------
+    Mutation("dual_clip_not_passed", TRAINER, "dual_clip=st.dual_clip,", "dual_clip=None,", SOURCES),
+    Mutation("dual_clip_caps_positive_advantages", LOSSES, "dual_active = (adv < 0) & (loss_tok > -dual_clip * adv)",
+             "dual_active = (adv != 0) & (loss_tok > -dual_clip * adv)", ("tests/test_losses.py",)),
+    Mutation("adamw_kept_across_phases", TRAINER, 'if index == 0 and self.settings.optimizer_reset == "phase":',
+             "if False:", SOURCES),
+    Mutation("cosine_decays_to_zero", TRAINER,
+             "return settings.lr_min_ratio + (1 - settings.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))",
+             "return 0.5 * (1 + math.cos(math.pi * progress))", SOURCES),
+    Mutation("lr_warmup_skipped", TRAINER, "    if index < warmup:\n        return index / warmup\n", "", SOURCES),
+    Mutation("scoring_votes_sampled_as_training", "coevolve/recipes/r_zero.py", "sampling or self.scoring_sampling)",
+             "sampling or self.solver_sampling)", SOURCES),
+    Mutation("pool_top_p_ignored", "coevolve/recipes/r_zero.py",
+             "top_p=params.pool_top_p or self.sampling.top_p", "top_p=self.sampling.top_p", SOURCES),
+    Mutation("pasodoble_skips_flat_batches_always", "coevolve/recipes/pasodoble.py",
+             "flat = self.params.skip_zero_advantages and not any(", "flat = not any(", SOURCES),
+    Mutation("pasodoble_runs_past_max_updates", "coevolve/recipes/pasodoble.py",
+             "        return self.params.max_updates is not None and self.updates >= self.params.max_updates\n",
+             "        return False\n", SOURCES),
+    Mutation("lenient_keeps_thousands_commas", "coevolve/grading/extract.py",
+             'value = number.group().replace(",", "")', "value = number.group()", ("tests/test_strict_lenient.py",)),
+    Mutation("lenient_box_loses_to_an_earlier_number", "coevolve/grading/extract.py",
+             "box[1] > number.start()", "box[1] < number.start()", ("tests/test_strict_lenient.py",)),
+    # --- issue 27: TTRL --------------------------------------------------------------------------------------------
+    Mutation("ttrl_tie_goes_to_first", "coevolve/rewards/majority.py",
+             "best = tied[0] if len(tied) == 1 else random.Random(seed).choice(tied)", "best = tied[0]", TTRL),
+    Mutation("ttrl_rewards_all_samples", "coevolve/recipes/ttrl.py", "rewards = agreement_rewards(vote, trained)",
+             "rewards = agreement_rewards(vote, range(len(answers)))", TTRL),
+    Mutation("ttrl_margin_over_answered", "coevolve/rewards/majority.py",
+             "return (sizes[0] - (sizes[1] if len(sizes) > 1 else 0)) / vote.n",
+             "return (sizes[0] - (sizes[1] if len(sizes) > 1 else 0)) / sum(sizes)", TTRL),
+    Mutation("collapse_without_reward_rise", "coevolve/analytics/collapse.py",
+             "if after and before and fmean(after) > fmean(before):", "if True:", TTRL),
 )
 
 
