@@ -157,6 +157,20 @@ def test_dual_clip():
     torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 1.0]], dtype=torch.float64))
 
 
+def test_dual_clip_leaves_positive_advantages_alone():
+    """The cap is for A < 0 only: with A > 0 the loss and its gradient are plain clipped PPO's, at any ratio."""
+    gen = torch.Generator().manual_seed(0)
+    old = -torch.rand(3, 4, generator=gen, dtype=torch.float64)
+    logp = (old + 2 * torch.randn(3, 4, generator=gen, dtype=torch.float64)).requires_grad_(True)  # ratios 0.02-50
+    adv, mask = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64), torch.ones(3, 4)
+    plain, _ = policy_loss(logp, old, adv, mask, agg="token_mean")
+    (plain_grad,) = torch.autograd.grad(plain, logp)
+    dual, stats = policy_loss(logp, old, adv, mask, dual_clip=3.0, agg="token_mean")
+    (dual_grad,) = torch.autograd.grad(dual, logp)
+    assert dual.item() == pytest.approx(plain.item()) and stats["dual_clip_frac"] == 0.0
+    torch.testing.assert_close(dual_grad, plain_grad)
+
+
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_micro_batch_accumulation_matches_full_batch(agg):
     gen = torch.Generator().manual_seed(0)
