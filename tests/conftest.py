@@ -12,13 +12,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)  # the test models are tiny: one thread is as fast and never oversubscribes
 
 
-# Files that take minutes (two-step loops on a 135M chat model, multi-process runs): started first, so that one
-# xdist worker runs them while the other works through the short files.
-LONG_FILES = ("test_real_lm_loop.py", "test_real_lm_warmup_loop.py", "test_distributed.py")
+# The files that take minutes (two-step loops on a 135M chat model), longest first: each xdist worker starts on one
+# while the other files fill in around them (pyproject's --no-loadscope-reorder keeps this order; xdist's default
+# reorders files by their number of tests, which sent these 2- and 4-test files last and left one worker idle at the
+# end). A worker whose file has 2 tests or fewer left takes the next file, so a third long file here would land
+# beside the first.
+LONG_FILES = ("test_real_lm_warmup_loop.py", "test_real_lm_loop.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.path.name not in LONG_FILES)  # stable: the order within each group is kept
+    order = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: order.get(item.path.name, len(LONG_FILES)))  # stable: each file's order is kept
 
 
 @pytest.fixture
