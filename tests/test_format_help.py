@@ -1,5 +1,6 @@
 """Format help: formats the recipes' own parsers accept, constrained decoding and its log-probs, the no-valid-output
-warning, and the config checks (fast; the smollm2 loop tests are in test_real_lm_loop.py and test_real_lm_warmup_loop.py)."""
+warning, and the config checks (fast; the smollm2 loop tests are in test_real_lm_loop.py and
+test_real_lm_warmup_loop.py)."""
 
 from __future__ import annotations
 

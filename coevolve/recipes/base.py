@@ -53,6 +53,11 @@ def register(cls: type["Recipe"]) -> type["Recipe"]:
     return cls
 
 
+def recipes_where(flag: str) -> str:
+    """The registered recipes whose class attribute ``flag`` is true, named for an error message."""
+    return ", ".join(sorted(name for name, recipe in RECIPES.items() if getattr(recipe, flag)))
+
+
 def step_seed(seed: int, step: int, purpose: str) -> int:
     """A seed derived from (run seed, step, purpose), so a resumed run samples what it would have."""
     digest = hashlib.sha256(f"{seed}:{step}:{purpose}".encode()).digest()
@@ -79,9 +84,8 @@ class Recipe:
                                        top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens)
         self.solver_sampling = self.sampling
         if config.rollout.scoring.model_dump(exclude_none=True) and not self.scores_questions:
-            scorers = ", ".join(sorted(name for name, recipe in RECIPES.items() if recipe.scores_questions))
             raise ConfigError(f"config key 'rollout.scoring': {self.name} has no votes that score or label questions; "
-                              f"only {scorers} sample them")
+                              f"only {recipes_where('scores_questions')} sample them")
         self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
         self._residency = (Residency(distributed.device_for(config.device)) if config.train.offload_idle_role
@@ -143,9 +147,8 @@ class Recipe:
         settings = self.params.role_updates().get(role, RoleUpdate()).apply(settings)
         if not self.phased and (settings.lr_schedule != "constant" or settings.optimizer_reset != "never"):
             key = "train.lr_schedule" if settings.lr_schedule != "constant" else "train.optimizer_reset"
-            phased = ", ".join(sorted(name for name, recipe in RECIPES.items() if recipe.phased))
             raise ConfigError(f"config key '{key}': {self.name} has no phases; only recipes with phases "
-                              f"({phased}) schedule the lr or reset AdamW per phase")
+                              f"({recipes_where('phased')}) schedule the lr or reset AdamW per phase")
         try:
             trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
         except ValueError as exc:  # peft: a target module the model does not have
