@@ -92,6 +92,66 @@ def test_overwrite_replaces_only_what_a_run_wrote(tmp_path, random_model_dir):
     assert "--overwrite" in line
 
 
+def _run_files(out: Path) -> None:
+    """What `coevolve eval RUN`, `report`, a damaged checkpoint set aside, a checkpoint and an atomic write that never
+    finished leave in a run directory beside what the 1-step run wrote."""
+    for name in ("eval/step_000001/summary.json", "eval/step_000001/arith_l1/results.jsonl",
+                 "eval/model/arith_l1/summary.json", "report/report.html", "report/accuracy.png",
+                 "checkpoints/damaged_step_000002/state.json", "checkpoints/.step_000003.k2j4/solver.safetensors",
+                 "samples/.step_000002.jsonl.x1y2", ".metrics.jsonl.ab12"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("x")
+
+
+@pytest.mark.parametrize("mine, named", [
+    ("checkpoints/best_step3/solver.safetensors", "checkpoints/best_step3/"), ("samples/my_notes.txt", None),
+    ("eval/my.csv", None), ("report/notes.md", None), ("tb/custom", None), ("eval/step_000001/my.csv", None),
+    ("checkpoints/step_000001/notes.txt", None), ("eval/step_000001/arith_l1/results.jsonl/x",
+                                                  "eval/step_000001/arith_l1/results.jsonl/")])
+def test_overwrite_keeps_the_users_files_inside_run_folders(tmp_path, random_model_dir, mine, named):
+    """A file of the user's anywhere in the run's folders: --overwrite refuses with one line naming it and removes
+    nothing; without it, everything a run wrote (eval, report, set-aside and unfinished checkpoints, temporary
+    files) goes."""
+    out = tmp_path / "run"
+    assert tiny_run(random_model_dir, out).exit_code == 0
+    _run_files(out)
+    if (out / mine).parent.is_file():
+        (out / mine).parent.unlink()
+    (out / mine).parent.mkdir(parents=True, exist_ok=True)
+    (out / mine).write_text("mine\n")
+    before = tree(out)
+    line = one_error(tiny_run(random_model_dir, out, "--overwrite"), 2)
+    assert (named or mine) in line and "nothing was removed" in line, line
+    assert tree(out) == before
+    (out / mine).unlink()
+    if named:
+        (out / named).rmdir()
+    result = tiny_run(random_model_dir, out, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoints", "config.yaml", "metrics.jsonl",
+                                                     "samples", "summary.json", "tb"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]
+
+
+def test_overwrite_never_follows_a_symlink(tmp_path, random_model_dir):
+    """A run whose checkpoints folder is a symlink (to the user's folder): refused before anything is removed, the
+    run still resumes, and the link's target is untouched."""
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    assert tiny_run(random_model_dir, out).exit_code == 0
+    (out / "checkpoints").rename(elsewhere)
+    (out / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
+    (out / "samples" / "step_000009.jsonl").symlink_to(tmp_path / "precious.jsonl")
+    (tmp_path / "precious.jsonl").write_text("{}\n")
+    before, target = tree(out), tree(elsewhere)
+    line = one_error(tiny_run(random_model_dir, out, "--overwrite"), 2)
+    assert "checkpoints (a symlink)" in line and "step_000009.jsonl (a symlink)" in line
+    assert tree(out) == before and tree(elsewhere) == target and (tmp_path / "precious.jsonl").exists()
+    (out / "samples" / "step_000009.jsonl").unlink()
+    resumed = invoke("run", "--resume", out, "--quiet", "--set", "steps=2")
+    assert resumed.exit_code == 0, resumed.output
+    assert train_steps(out) == [1, 2]
+
+
 # --- 5. everything that can be checked, before anything is written or loaded ----------------------------------------
 
 def _cases(tmp_path: Path) -> list[tuple[list[str], str, int]]:
