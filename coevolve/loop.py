@@ -73,12 +73,18 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
     start, elapsed_before = 1, 0.0
     main = distributed.is_main()  # with several processes, rank 0 alone writes the run directory
     if resume:
-        loaded = store.load_latest_checkpoint(models, optimizers)  # the newest intact one
-        if loaded:
-            step, state = loaded
+        def restore(state: dict[str, Any]) -> None:  # the loop's and the recipe's part of a checkpoint
+            updates_done = {role: state["updates_done"][role] for role in trainers}
+            if not isinstance(state["time_s"], (int, float)) or not all(isinstance(n, int) and n >= 0
+                                                                        for n in updates_done.values()):
+                raise ValueError("time_s or updates_done is not a number")
             recipe.load_state_dict(state["loop_recipe"])
             for role, t in trainers.items():
-                t.updates_done = state["updates_done"][role]
+                t.updates_done = updates_done[role]
+
+        loaded = store.load_latest_checkpoint(models, optimizers, restore)  # the newest intact one
+        if loaded:
+            step, state = loaded
             start, elapsed_before = step + 1, state["time_s"]
         distributed.barrier()  # every rank has read the checkpoint before rank 0 trims what follows it
         if main:
@@ -128,7 +134,8 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
         bad = _non_finite_roles(models)
         if bad:  # stop before evaluating or checkpointing garbage; every checkpoint so far passed this check
             done = store.checkpoint_steps()
-            kept = f"the last checkpoint, step {done[-1]}, is finite" if done else "no checkpoint was written"
+            kept = (f"the last checkpoint, step {done[-1]}, holds finite weights (checked before it was written, "
+                    f"verified by checksum when read)" if done else "no checkpoint was written")
             raise NonFiniteWeights(f"step {step}: the {' and '.join(bad)} weights are not finite (NaN or inf) after "
                                    f"the update; the run stopped and {kept} (lower train.lr, then --resume "
                                    f"{store.root} --set train.lr=...)")

@@ -116,9 +116,8 @@ def test_the_papers_cosine_schedule_runs_over_the_whole_run(random_model_dir):
         trainer.phase_step(half, config.steps)  # half way: about half the peak of 5e-7
         factor = 0.5 * (1 + math.cos(math.pi * (half - warm) / (config.steps - warm)))
         assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-7 * factor) and 0.5 <= factor < 0.53
-    config, params, cls = resolve("grpo", sets=[f"model={random_model_dir}", "train.lr_schedule=cosine"])
     with pytest.raises(ConfigError, match="grpo has no phases; only recipes with phases .*ttrl"):
-        cls(config, params)
+        resolve("grpo", sets=[f"model={random_model_dir}", "train.lr_schedule=cosine"])
 
 
 def test_step_rewards_agreement_with_the_majority_never_the_ground_truth(random_model_dir):
@@ -234,3 +233,14 @@ def test_report_and_compare_show_the_vote(tmp_path, ttrl_run):
     summary = vote_summary(load_run(ttrl_run))
     assert rows[0]["label_accuracy_first"] == pytest.approx(summary["label_accuracy_first"])
     assert 0 <= rows[0]["vote_margin_mean"] <= 1 and rows[0]["heldout_final"] is not None
+
+
+def test_a_vote_history_of_the_wrong_type_is_refused_as_damage(random_model_dir):
+    """A checkpoint's recipe state whose vote history holds no answers raises (the loop then sets the checkpoint
+    aside as damaged and resumes from an older one) instead of failing later in a step."""
+    recipe = _recipe(random_model_dir)
+    for bad in ({"last_label": {"pool0": [1, 2]}}, {"last_label": [["pool0", "5"], [1, "7"]]}, {}):
+        with pytest.raises((TypeError, KeyError)):
+            recipe.load_state_dict(bad)
+    recipe.load_state_dict({"last_label": {"pool0": "5", "pool1": None}})
+    assert recipe.last_label == {"pool0": "5", "pool1": None}
