@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -77,14 +78,14 @@ def run(
     """Train with a recipe; everything the run produces goes to its run directory."""
     from coevolve import distributed
     from coevolve.config import ConfigError, check_runtime
-    from coevolve.data.benchmarks import load_benchmark
+    from coevolve.documents import DocumentError
     from coevolve.loop import NonFiniteWeights
     from coevolve.loop import run as run_loop
-    from coevolve.models import ModelNotFoundError
+    from coevolve.models import ModelNotFoundError, prepare_builtin
     from coevolve.recipes import resolve, resolve_saved
     from coevolve.rollout.vllm_engine import EngineUnavailable, PromptTooLong, require_vllm
     from coevolve.rundir import RunDirError, check_run_dir, claim_run_dir
-    from coevolve.store import CheckpointDamaged
+    from coevolve.store import CheckpointDamaged, RunStore
     from coevolve.tasks.registry import TaskDataError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -96,6 +97,11 @@ def run(
             cfg, params, cls = resolve_saved(str(resume / "config.yaml"), set_)
             if recipe is not None and recipe != cfg.recipe:
                 _fail(f"{resume} holds a {cfg.recipe} run, not {recipe}", 2)
+            held = max(RunStore(resume).checkpoint_steps(), default=0)
+            if cfg.steps < held:
+                _fail(f"{resume} already holds {held} completed steps, more than steps={cfg.steps}; --resume "
+                      f"continues a run to a larger steps value (evaluate a checkpoint with coevolve eval "
+                      f"{resume} --checkpoint N)", 2)
             out_dir = resume
         else:
             if recipe is None:
@@ -113,13 +119,12 @@ def run(
         check_runtime(cfg, world, fsdp_unsupported=cls.fsdp_unsupported)
         if cfg.rollout.engine == "vllm":
             require_vllm()
-        for name in cls.data_sets(cfg, params):
-            load_benchmark(name, data_dir=cfg.data_dir)
+        cls.check_inputs(cfg, params)  # benchmark files, document sources, question pools
     except (ConfigError, RunDirError, EngineUnavailable) as exc:
         _fail(str(exc), 2)
     except KeyError as exc:  # a recipe's data set name (params.train_split, params.dev_source) that is not a set
         _fail(str(exc).strip("'\""), 2)
-    except FileNotFoundError as exc:  # a benchmark file, with what to pass
+    except (FileNotFoundError, TaskDataError, DocumentError) as exc:  # a benchmark file, with what to pass
         _fail(str(exc))
     if processes > 1 and not distributed.launched_distributed():
         _launch_ranks(processes, out_dir)
@@ -129,6 +134,7 @@ def run(
         with _sigterm_as_interrupt() if single else nullcontext():
             distributed.init_from_env(distributed.device_for(cfg.device))
             main = distributed.is_main()  # rank 0 alone writes the run directory
+            prepare_builtin(cfg.model, progress=main and not quiet)  # a first use of tiny-arith builds it
             with claim_run_dir(out_dir, resume=resume is not None, overwrite=overwrite) if main else nullcontext():
                 instance = cls(cfg, params)
                 if main:
@@ -140,6 +146,12 @@ def run(
             distributed.DistributedSetupError, CheckpointDamaged) as exc:
         resumable = resume is None and (out_dir / "config.yaml").exists() and not isinstance(exc, NonFiniteWeights)
         _fail(f"{exc}; the run directory is kept: continue with --resume {out_dir}" if resumable else str(exc))
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        kept = f"the completed steps are kept: free space, then coevolve run --resume {out_dir}" \
+            if (out_dir / "config.yaml").exists() else "the run had not started"
+        _fail(f"no space left on the device while writing {exc.filename or out_dir}; {kept}")
     except KeyboardInterrupt as exc:
         code = 143 if isinstance(exc, _Terminated) else 130
         if not (out_dir / "config.yaml").exists():
@@ -210,9 +222,9 @@ def eval_(
     sets: str = typer.Option(None, "--sets", "--task", help="comma-separated evaluation sets (default: the run's)"),
     preset: str = typer.Option("greedy", "--preset", help="sampling defaults: greedy or a paper's protocol "
                                "(prism, dynamic_rl, opensir, pasodoble, infuser)"),
-    limit: Optional[int] = typer.Option(None, "--limit", help="seeded subset of this many questions per set"),
-    n: Optional[int] = typer.Option(None, "--n", help="samples per question (avg@n, pass@k)"),
-    k: Optional[int] = typer.Option(None, "--k", help="k for pass@k (default n)"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="seeded subset of this many questions per set"),
+    n: Optional[int] = typer.Option(None, "--n", min=1, help="samples per question (avg@n, pass@k)"),
+    k: Optional[int] = typer.Option(None, "--k", min=1, help="k for pass@k (default n)"),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy"),
     top_p: Optional[float] = typer.Option(None, "--top-p"),
     top_k: Optional[int] = typer.Option(None, "--top-k"),
@@ -226,15 +238,22 @@ def eval_(
                                            "code run (a run directory's saved config does not)"),
 ) -> None:
     """Evaluate a model or a run's checkpoint on evaluation sets (options override the preset)."""
-    from coevolve.config import ConfigError, SamplingConfig
+    from pydantic import ValidationError
+
+    from coevolve.config import ConfigError, SamplingConfig, SamplingOverride
     from coevolve.data.benchmarks import BenchmarkDataNotFound
     from coevolve.evaluation.harness import EVAL_PRESETS, evaluate
     from coevolve.models import ModelNotFoundError
     from coevolve.recipes import default_eval_sets
     from coevolve.rollout import make_engine
     from coevolve.rollout.vllm_engine import EngineUnavailable, require_vllm
-    from coevolve.store import load_run_policy
+    from coevolve.store import CheckpointDamaged, load_run_policy
 
+    try:  # the same bounds as a run's sampling settings: finite, temperature >= 0, 0 < top_p <= 1, ...
+        SamplingOverride(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        _fail(f"--{str(err['loc'][0]).replace('_', '-')} {err.get('input')}: {err['msg']}", 2)
     if preset not in EVAL_PRESETS:
         _fail(f"unknown evaluation preset {preset!r} (known: {', '.join(EVAL_PRESETS)})", 2)
     if engine_name not in ("hf", "vllm"):
@@ -245,7 +264,7 @@ def eval_(
         policy, default_sets, label = load_run_policy(target, checkpoint, trust_remote_code=trust_remote_code)
     except ConfigError as exc:
         _fail(str(exc), 2)
-    except (ModelNotFoundError, FileNotFoundError, EngineUnavailable) as exc:
+    except (ModelNotFoundError, FileNotFoundError, EngineUnavailable, CheckpointDamaged) as exc:
         _fail(str(exc))
     set_names = [s.strip() for s in sets.split(",")] if sets else (default_sets or default_eval_sets("arith"))
     out_dir = out or (Path(target) / "eval" / label if Path(target, "config.yaml").exists() else None)

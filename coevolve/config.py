@@ -82,8 +82,8 @@ class SamplingConfig(Strict):
 
 class LoraSettings(Strict):
     r: int = Field(8, gt=0)
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
+    lora_alpha: int = Field(16, gt=0)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] | str = "all-linear"
 
 

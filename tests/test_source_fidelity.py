@@ -86,20 +86,20 @@ def test_r_zero_solver_phases_start_a_fresh_adamw_and_follow_the_schedule(random
 
 
 def test_a_schedule_needs_a_recipe_with_phases():
+    """Refused while the config resolves, before any model is built (issue 32: it used to build tiny-arith first)."""
     from coevolve.config import ConfigError
 
-    config, params, cls = resolve("grpo", preset="small", sets=["train.lr_schedule=cosine"])
-    with pytest.raises(ConfigError, match="train.lr_schedule"):
-        cls(config, params)
+    for setting in ("train.lr_schedule=cosine", "train.optimizer_reset=phase"):
+        with pytest.raises(ConfigError, match=setting.split("=")[0]):
+            resolve("grpo", preset="small", sets=[setting])
 
 
 def test_scoring_settings_need_a_recipe_that_scores_questions():
     """rollout.scoring on a recipe without scoring votes would change nothing: one ConfigError, not silence."""
     from coevolve.config import ConfigError
 
-    config, params, cls = resolve("pasodoble", preset="small", sets=["rollout.scoring.top_k=40"])
     with pytest.raises(ConfigError, match="rollout.scoring.*only prism, r_zero"):
-        cls(config, params)
+        resolve("pasodoble", preset="small", sets=["rollout.scoring.top_k=40"])
 
 
 def test_unanswered_samples_stay_in_the_pool_denominator(random_model_dir):

@@ -114,6 +114,15 @@ def _quiet_hub() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def prepare_builtin(name: str, *, progress: bool = True) -> None:
+    """Build a built-in model that is built on first use (``tiny-arith``) if its cache lacks it, with a progress bar
+    unless ``progress`` is false; other names need nothing."""
+    if name == "tiny-arith":
+        from coevolve.models.tiny_arith import ensure_tiny_arith
+
+        ensure_tiny_arith(progress=progress)
+
+
 def load_policy(
     name_or_path: str,
     *,

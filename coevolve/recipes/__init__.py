@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from coevolve.config import ConfigError, RunConfig, deep_merge, load_yaml, parse_set, validate
+from coevolve.config import (
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    RunConfig,
+    deep_merge,
+    load_yaml,
+    parse_set,
+    to_yaml,
+    validate,
+)
 from coevolve.formats import GeneratorFormat
 from coevolve.recipes import dynamic_rl, grpo, infuser, opensir, pasodoble, prism, r_zero, ttrl  # noqa: F401  (importing registers each recipe)
 from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
@@ -25,10 +34,16 @@ def default_eval_sets(task: str) -> list[str]:
 
 
 def _finish(raw: dict[str, Any], recipe_name: str) -> tuple[RunConfig, RecipeParams, type[Recipe]]:
-    config, params = validate(raw, RECIPES[recipe_name].Params)
+    cls = RECIPES[recipe_name]
+    config, params = validate(raw, cls.Params)
     if config.eval_sets is None:
         config.eval_sets = default_eval_sets(config.task)
-    return config, params, RECIPES[recipe_name]
+    cls.check_settings(config, params)
+    saved = len(to_yaml(config).encode("utf-8"))
+    if saved > MAX_CONFIG_BYTES:  # config.yaml must read back: a run that cannot resume is not started
+        raise ConfigError(f"the resolved config is {saved} bytes as config.yaml, over the {MAX_CONFIG_BYTES >> 20} "
+                          f"MiB a config file may have")
+    return config, params, cls
 
 
 def resolve(recipe_name: str, *, preset: str | None = None, config_file: str | None = None,

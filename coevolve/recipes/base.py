@@ -83,9 +83,6 @@ class Recipe:
         self.sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                                        top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens)
         self.solver_sampling = self.sampling
-        if config.rollout.scoring.model_dump(exclude_none=True) and not self.scores_questions:
-            raise ConfigError(f"config key 'rollout.scoring': {self.name} has no votes that score or label questions; "
-                              f"only {recipes_where('scores_questions')} sample them")
         self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
         self._residency = (Residency(distributed.device_for(config.device)) if config.train.offload_idle_role
@@ -120,6 +117,33 @@ class Recipe:
         return {}
 
     @classmethod
+    def check_settings(cls, config: RunConfig, params: RecipeParams) -> None:
+        """Settings this recipe cannot honour: one ConfigError naming the key, raised while the config resolves
+        (before any model loads or anything is written). Recipes add their own checks and call this one."""
+        if config.rollout.scoring.model_dump(exclude_none=True) and not cls.scores_questions:
+            raise ConfigError(f"config key 'rollout.scoring': {cls.name} has no votes that score or label questions; "
+                              f"only {recipes_where('scores_questions')} sample them")
+        if not cls.phased:
+            for update in (RoleUpdate(), *params.role_updates().values()):
+                for key, value, plain in (("train.lr_schedule", update.lr_schedule or config.train.lr_schedule,
+                                           "constant"),
+                                          ("train.optimizer_reset",
+                                           update.optimizer_reset or config.train.optimizer_reset, "never")):
+                    if value != plain:
+                        raise ConfigError(f"config key '{key}': {cls.name} has no phases; only recipes with phases "
+                                          f"({recipes_where('phased')}) schedule the lr or reset AdamW per phase")
+
+    @classmethod
+    def check_inputs(cls, config: RunConfig, params: RecipeParams) -> None:
+        """Read what the run will read (benchmark files, document sources, question pools) before the model loads,
+        so that a missing or empty input stops the run before anything is built or written (FileNotFoundError for
+        a benchmark file, ConfigError naming the key, TaskDataError for empty data). Recipes add their inputs."""
+        from coevolve.data.benchmarks import load_benchmark
+
+        for name in cls.data_sets(config, params):
+            load_benchmark(name, data_dir=config.data_dir)
+
+    @classmethod
     def data_sets(cls, config: RunConfig, params: RecipeParams) -> list[str]:
         """Benchmark files (:mod:`coevolve.data.benchmarks` names) the run reads, checked before the model
         loads: the evaluation sets, and what a recipe adds."""
@@ -145,10 +169,6 @@ class Recipe:
             temperature=self.config.rollout.temperature, dtype="bf16" if bf16 else "fp32",
             gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing)
         settings = self.params.role_updates().get(role, RoleUpdate()).apply(settings)
-        if not self.phased and (settings.lr_schedule != "constant" or settings.optimizer_reset != "never"):
-            key = "train.lr_schedule" if settings.lr_schedule != "constant" else "train.optimizer_reset"
-            raise ConfigError(f"config key '{key}': {self.name} has no phases; only recipes with phases "
-                              f"({recipes_where('phased')}) schedule the lr or reset AdamW per phase")
         try:
             trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
         except ValueError as exc:  # peft: a target module the model does not have

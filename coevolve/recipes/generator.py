@@ -49,21 +49,25 @@ class GeneratorRecipe(Recipe):
 
     def __init__(self, config: RunConfig, params: GeneratorParams):
         super().__init__(config, params)
-        helped = (params.format_examples or params.format_constraint or params.generator_init
-                  or params.solver_format_constraint)
-        if helped and self.config.task == "arith":
-            raise ConfigError("config key 'params.format_examples/format_constraint/generator_init': format help is "
-                              "for chat tasks (math and its document variants); tiny-arith has its own formats")
-        self.world = "arith" if self.config.task == "arith" else "chat"
-        if self.world not in self.formats:
-            raise ConfigError(f"config key 'task': the {self.name} generator has no output format for the "
-                              f"{self.config.task} task (it has: {', '.join(self.formats)})")
+        self.world = world_of(config.task)
         self.generator_format = self.formats[self.world]
         self.format_watch = FormatWatch(self.name, params.format_warn_after, chat=self.world == "chat")
         if params.solver_format_constraint:  # the solver's rollouts: sample_groups without explicit params
             self.solver_sampling = replace(self.sampling, regex=solver_answer_regex(self.sampling.max_new_tokens))
         self.format_examples = (load_worked_examples(params.format_examples, self.config.seed, self.config.data_dir)
                                 if params.format_examples else [])
+
+    @classmethod
+    def check_settings(cls, config: RunConfig, params: GeneratorParams) -> None:
+        super().check_settings(config, params)
+        helped = (params.format_examples or params.format_constraint or params.generator_init
+                  or params.solver_format_constraint)
+        if helped and config.task == "arith":
+            raise ConfigError("config key 'params.format_examples/format_constraint/generator_init': format help is "
+                              "for chat tasks (math and its document variants); tiny-arith has its own formats")
+        if world_of(config.task) not in cls.formats:
+            raise ConfigError(f"config key 'task': the {cls.name} generator has no output format for the "
+                              f"{config.task} task (it has: {', '.join(cls.formats)})")
 
     def solver_budget(self, sampling: SamplingParams, max_new_tokens: int) -> SamplingParams:
         """``sampling`` with another token budget (and, with ``params.solver_format_constraint``, the answer format's
@@ -107,6 +111,11 @@ class GeneratorRecipe(Recipe):
     def watch_format(self, step: int, valid: int, total: int) -> None:
         """Count a generator step's valid outputs; one warning after ``params.format_warn_after`` empty steps."""
         self.format_watch.observe(step, valid, total)
+
+
+def world_of(task: str) -> str:
+    """The task world a generator writes for: ``arith`` for the arithmetic task, ``chat`` for the others."""
+    return "arith" if task == "arith" else "chat"
 
 
 class FormatWatch:

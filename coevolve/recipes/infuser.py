@@ -34,7 +34,7 @@ import numpy as np
 from pydantic import Field
 from scipy.stats import spearmanr
 
-from coevolve.documents import DocumentPool, dev_set, load_documents, tokenizer_counter
+from coevolve.documents import DocumentPool, check_document_source, dev_set, load_documents, tokenizer_counter
 from coevolve.formats import GeneratorFormat, arith_format, one_line
 from coevolve.grading.extract import braces_balanced, tag_blocks
 from coevolve.grading.guard import parses_model_text
@@ -228,6 +228,12 @@ class Infuser(GeneratorRecipe):
         "paper": _PAPER_SCALE,
         "reference_code": {**_PAPER_SCALE, "train": {**_PAPER_SCALE["train"], "loss_agg": "token_mean"}},
     }
+
+    @classmethod
+    def check_inputs(cls, config, params: InfuserParams) -> None:
+        super().check_inputs(config, params)
+        source = params.document_source or get_task(config.task, data_dir=config.data_dir).documents
+        check_document_source(source, "params.document_source", config.data_dir)
 
     def __init__(self, config, params: InfuserParams):
         super().__init__(config, params)

@@ -36,6 +36,7 @@ from typing import Callable, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from coevolve.config import ConfigError
 from coevolve.embeddings import embed
 from coevolve.formats import LINE, GeneratorFormat, concepts_of, one_line
 from coevolve.grading.equivalence import verify_equivalent
@@ -240,10 +241,15 @@ class OpenSIR(GeneratorRecipe):
         },
     }
 
+    @classmethod
+    def check_settings(cls, config, params: OpenSIRParams) -> None:
+        super().check_settings(config, params)
+        if config.frozen_generator and params.train_roles == "teacher":
+            raise ConfigError("config key 'params.train_roles': 'teacher' trains only the teacher, and "
+                              "frozen_generator=true freezes it; drop one of them")
+
     def __init__(self, config, params: OpenSIRParams):
         super().__init__(config, params)
-        if config.frozen_generator and params.train_roles == "teacher":
-            raise ValueError("frozen_generator contradicts params.train_roles='teacher'")
         self.roles = "student" if config.frozen_generator else params.train_roles
         self.task = get_task(config.task, data_dir=config.data_dir)
         self.policy = self.load_policy(self.generator_model())  # the model, or a format warm-up's

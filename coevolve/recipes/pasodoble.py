@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from coevolve.documents import DocumentPool, load_documents, tokenizer_counter
+from coevolve.documents import DocumentPool, check_document_source, load_documents, tokenizer_counter
 from coevolve.formats import ANSWER, LINE, MAX_SOLUTION_CHARS, GeneratorFormat, arith_format, one_line
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
@@ -233,6 +233,13 @@ class PasoDoble(GeneratorRecipe):
                        "leak_filter": "raw", "solver_mini_batch_size": 2, "skip_zero_advantages": True},
         },
     }
+
+    @classmethod
+    def check_inputs(cls, config, params: PasoDobleParams) -> None:
+        super().check_inputs(config, params)
+        if params.knowledge:
+            source = params.knowledge_source or get_task(config.task, data_dir=config.data_dir).documents
+            check_document_source(source, "params.knowledge_source", config.data_dir)
 
     def __init__(self, config, params: PasoDobleParams):
         super().__init__(config, params)
