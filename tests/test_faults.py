@@ -309,6 +309,22 @@ def test_invalid_utf8_in_run_files_stops_neither_resume_nor_report(two_checkpoin
     assert write_report(out, tmp_path / "report.html", embed=False).exists()
 
 
+@pytest.mark.parametrize("value", ["high", {"x": 1}])
+def test_a_non_numeric_evaluation_value_does_not_stop_report_or_compare(two_checkpoints, tmp_path, value):
+    """An evaluation metric that was never logged as a number: the report leaves that set out of its accuracy table."""
+    from coevolve.analytics.compare import compare_runs
+    from coevolve.analytics.report import write_report
+
+    out = tmp_path / "run"
+    shutil.copytree(two_checkpoints, out)
+    with open(out / "metrics.jsonl", "a") as handle:
+        for step in (0, 2):
+            handle.write(json.dumps({"step": step, "eval/arith_l1/accuracy": value,
+                                     "eval/arith_l1/accuracy_lenient": value}) + "\n")
+    assert "arith_l1" not in write_report(out, embed=False).read_text().split("whole run")[0]
+    compare_runs([out, two_checkpoints], tmp_path / "compare")
+
+
 def test_a_checkpoint_is_written_under_a_temporary_name_and_synced_before_it_appears(tmp_path, monkeypatch):
     """Every file and the folder are fsynced before the rename; the rename's folder after it."""
     import torch

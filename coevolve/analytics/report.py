@@ -424,6 +424,8 @@ def _summary_html(run: RunData, an: dict[str, Any]) -> str:
     acc_rows = []
     for s in run.eval_sets():
         steps, values = run.series(f"eval/{s}/accuracy")
+        if not values:  # logged, but never as a number
+            continue
         best = int(np.argmax(values))
         lenient = dict(zip(*run.series(f"eval/{s}/accuracy_lenient")))
         acc_rows.append([s, values[-1], lenient.get(steps[-1]), steps[-1], values[best], steps[best]])
