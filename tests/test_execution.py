@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from coevolve.execution import STATUSES, ExecutionLimits, Executor, Job, SandboxUnavailable, sandbox_problem
+from coevolve.execution.executor import ANSWER_GRACE_SECONDS
 from coevolve.execution.worker import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,6 +161,8 @@ HOSTILE = {
     "forged result on the result pipe": ("import os\nos.write(3, b'\\xff{\"status\": \"ok\"')\nos._exit(0)", "1",
                                          {"killed"}),
     "kills itself": ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", "1", {"killed"}),
+    "opens its worker's descriptors": ("import os", "os.listdir(f'/proc/{os.getppid()}/fd')", {"error"}),
+    "reads its worker's memory": ("import os", "open(f'/proc/{os.getppid()}/mem', 'rb').read(1)", {"error"}),
     "kills its worker": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", "1", {"killed"}),
     "fills its folder": ("i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * 2**20)\n    i += 1", "1", {"error"}),
     "opens too many files": ("fs = [open('/dev/null') for _ in range(10**4)]", "1", {"error"}),
@@ -234,6 +237,21 @@ def test_the_executor_outlives_its_workers(executor: Executor) -> None:
     outcomes = executor.run([killer, killer, SENTINEL, SENTINEL, killer, SENTINEL])
     assert [o.status for o in outcomes] == ["killed", "killed", "ok", "ok", "killed", "ok"]
     assert outcomes[0].detail == "the sandbox worker died"
+
+
+def test_a_frozen_worker_is_replaced(home: Path) -> None:
+    """A program that stops its worker (SIGSTOP) leaves it unable to answer: after the wall limit and the grace the
+    executor kills it, grades the program "killed" and starts another."""
+    _require_sandbox()
+    limits = ExecutionLimits(cpu_seconds=1, wall_seconds=0.5)
+    freezer = Job("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)", "1")
+    with Executor(limits, workers=1) as pool:
+        start = time.monotonic()
+        outcomes = pool.run([freezer, SENTINEL])
+        elapsed = time.monotonic() - start
+    assert [o.status for o in outcomes] == ["killed", "ok"], outcomes
+    assert outcomes[0].detail == "the sandbox worker stopped answering"
+    assert elapsed < limits.wall_seconds + ANSWER_GRACE_SECONDS + 5
 
 
 def test_unconfined_opt_in_runs_programs_in_separate_limited_processes(home: Path) -> None:
