@@ -163,6 +163,8 @@ HOSTILE = {
     "kills itself": ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", "1", {"killed"}),
     "opens its worker's descriptors": ("import os", "os.listdir(f'/proc/{os.getppid()}/fd')", {"error"}),
     "reads its worker's memory": ("import os", "open(f'/proc/{os.getppid()}/mem', 'rb').read(1)", {"error"}),
+    "kills itself with a real-time signal": ("import os, signal\nos.kill(os.getpid(), signal.SIGRTMIN + 5)", "1",
+                                             {"killed"}),
     "kills its worker": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", "1", {"killed"}),
     "fills its folder": ("i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * 2**20)\n    i += 1", "1", {"error"}),
     "opens too many files": ("fs = [open('/dev/null') for _ in range(10**4)]", "1", {"error"}),

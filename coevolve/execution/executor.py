@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import logging
 import os
 import queue
 import select
@@ -45,6 +46,7 @@ ANSWER_GRACE_SECONDS = 5.0  # beyond the wall limit: the worker's kill sweep, dr
 MIB = 1 << 20
 ENVIRONMENT = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 _uid_counter = itertools.count()
+log = logging.getLogger(__name__)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -394,6 +396,7 @@ class Executor:
             if answer is None:
                 seconds = time.monotonic() - start
                 detail = "the sandbox worker died" if worker.closed else "the sandbox worker stopped answering"
+                log.warning("%s (its last message: %s); starting another", detail, worker.error_line())
                 self._replace(slot)
                 return Outcome("killed", None, detail, seconds)
             if answer.get("retire"):  # it could not clean up after this program: a fresh one takes its place

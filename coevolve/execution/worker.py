@@ -2,9 +2,9 @@
 limits, kills whatever the program left behind, and answers with one outcome per job.
 
 The executor runs this file's text as ``python -s -S -c <text> <config JSON>`` inside the sandbox, where only the
-standard library exists (and itself imports only ``descendants`` from it). Messages both ways are a 4-byte big-endian length and a JSON object.
-Everything here runs before or around model-written code, never under its control, except ``run_program``, which is
-the forked child's whole life: it drops nothing it needs later, because it never returns.
+standard library exists (and itself imports only ``descendants`` from it). Messages both ways are a 4-byte
+big-endian length and a JSON object. Everything here runs before or around model-written code, never under its
+control, except ``run_program``: the forked child's whole life, which never returns.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import sys
 import time
 
 # Stateless modules that AZR-style programs import (its prompts' preamble): loaded once here, so a forked child finds
-# them ready instead of spending ~100 ms on imports. Nothing with hidden state (random, tempfile, uuid) may be here:
-# every child would inherit the same generator state.
+# them ready instead of spending tens of milliseconds on imports. Nothing with hidden state (random, tempfile, uuid)
+# may be here: every child would inherit the same generator state.
 PRELOADED = ("bisect", "collections", "copy", "functools", "heapq", "itertools", "math", "operator", "re", "string",
              "typing")
 # Starting processes and loading native code are refused (PEP 578 audit hooks) and grade the program "forbidden".
@@ -394,8 +394,12 @@ def classify(status: int, usage, limits: dict, output: Capped, result: Capped, t
     if parsed is not None:
         return parsed
     if signaled:
-        return {"status": "killed", "value": None,
-                "detail": f"killed by {signal.Signals(os.WTERMSIG(status)).name} without a result"}
+        number = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(number).name
+        except ValueError:  # real-time signals have no name
+            name = f"signal {number}"
+        return {"status": "killed", "value": None, "detail": f"killed by {name} without a result"}
     return {"status": "killed", "value": None, "detail": f"exited with code {os.WEXITSTATUS(status)} without a result"}
 
 
@@ -407,10 +411,10 @@ def parse_result(data: bytes) -> dict | None:
     except (UnicodeDecodeError, StopIteration, ValueError):
         return None
     if (not isinstance(parsed, dict) or parsed.get("status") not in CHILD_STATUSES
-            or not isinstance(parsed.get("value", None), (str, type(None)))
+            or parsed["status"] == "ok" and not isinstance(parsed.get("value"), str)
             or not isinstance(parsed.get("detail", ""), str)):
         return None
-    return {"status": parsed["status"], "value": parsed.get("value") if parsed["status"] == "ok" else None,
+    return {"status": parsed["status"], "value": parsed["value"] if parsed["status"] == "ok" else None,
             "detail": one_line(parsed.get("detail", ""))}
 
 
@@ -430,6 +434,7 @@ def main() -> None:
     for name in PRELOADED:
         __import__(name)
     os.chdir(config["root"])
+    os.close(os.pidfd_open(os.getpid()))  # Linux 5.3 or later: fail here, at start-up, not on the first job
     tasks_before = count_own_tasks() if config["confined"] else 0
     send(channel_out, {"ready": True, "uid": os.getuid(), "processes": tasks_before})
     number = 0
