@@ -292,6 +292,20 @@ def test_missing_bubblewrap_is_one_line(tmp_path: Path, monkeypatch: pytest.Monk
         assert pool.run([SENTINEL])[0].value == "42"
 
 
+def test_a_bubblewrap_the_kernel_refuses_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "bwrap"  # what bwrap says where unprivileged user namespaces are off
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, likely because the kernel "
+                    "does not allow non-privileged user namespaces.' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    problem = sandbox_problem()
+    assert problem is not None and "\n" not in problem
+    assert problem.startswith("bubblewrap (bwrap) cannot set up its sandbox here (bwrap: No permissions")
+    assert "unprivileged user namespaces look disabled" in problem
+    with pytest.raises(SandboxUnavailable, match="No permissions"):
+        Executor(LIMITS, workers=1)
+
+
 def test_close_kills_every_worker(home: Path) -> None:
     _require_sandbox()
     pool = Executor(LIMITS, workers=2)
