@@ -223,6 +223,26 @@ def test_a_program_has_at_most_its_processes(executor: Executor) -> None:
     assert [o.value for o in executor.run([threads] * 2)] == [str(LIMITS.processes - 1)] * 2
 
 
+# Gets past the audit hook (a grading rule, not the boundary) by giving the hook a code object that does nothing.
+DISARM_HOOK = ("import gc, os, time\ndef _disarm():\n    x = None\n    def quiet(event, args):\n        return x\n"
+               "    return quiet\nfor hook in [o for o in gc.get_objects() if getattr(o, '__name__', '') == 'forbid']:\n"
+               "    hook.__code__ = _disarm().__code__\n")
+
+
+def test_a_fork_bomb_past_the_audit_hook_is_held_and_swept(executor: Executor) -> None:
+    """Real processes, not threads: RLIMIT_NPROC stops the forks at ``processes`` (the program included), the sweep
+    kills what is left, and the next program finds the sandbox empty."""
+    bounded = Job(DISARM_HOOK + "def f():\n    started = 0\n    while True:\n        try:\n            pid = os.fork()\n"
+                  "        except OSError:\n            return started\n        if pid == 0:\n"
+                  "            time.sleep(60)\n            os._exit(0)\n        started += 1", "f()")
+    bomb = Job(DISARM_HOOK + "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass", "1")
+    count = Job("import os", "len([p for p in os.listdir('/proc') if p.isdigit()])")
+    outcomes = executor.run([bounded, bomb, bounded])
+    assert [o.status for o in outcomes] == ["ok", "timeout", "ok"], outcomes
+    assert outcomes[0].value == outcomes[2].value == str(LIMITS.processes - 1)
+    assert [o.value for o in executor.run([count] * 4)] == ["3"] * 4
+
+
 def test_no_process_shows_the_secret(executor: Executor) -> None:
     """Neither the worker's nor bubblewrap's own processes carry the caller's environment."""
     scan = Job("import os\ndef f(secret):\n    seen = []\n    for pid in os.listdir('/proc'):\n"
