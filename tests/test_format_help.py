@@ -109,9 +109,8 @@ def test_format_constraint_turns_on_tis_and_help_is_refused_on_arith():
     assert cfg.train.tis_cap == 2.0
     cfg, params, _ = resolve("r_zero", preset="paper")
     assert cfg.train.tis_cap is None and params.format_examples == 0 and not params.format_constraint
-    cfg, params, cls = resolve("r_zero", preset="small", sets=["params.format_examples=2"])
     with pytest.raises(ConfigError, match="format help is for chat tasks"):
-        cls(cfg, params)
+        resolve("r_zero", preset="small", sets=["params.format_examples=2"])
     for name in ("r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl"):
         for preset in RECIPES[name].presets:
             _, params, _ = resolve(name, preset=preset)
