@@ -56,9 +56,9 @@ def assert_engines_sampled_the_trainers_policy(run_dir: Path, roles: tuple[str, 
 @pytest.mark.slow
 def test_tensor_parallel_engine_over_both_ranks_samples_as_one_process_and_takes_the_trainers_weights(
         vllm_model_dir, tmp_path, capsys):
-    """One engine over both ranks (tensor parallel 2), the policy plain (DDP) and sharded (FSDP2): the samples of one
-    process's engine; after an update both ranks' halves give the trainer's log-probs; the shards reach the engine
-    gathered one tensor at a time."""
+    """One engine over both ranks (tensor parallel 2), the policy plain (DDP), with LoRA adapters (merged into the
+    pushed weights) and sharded (FSDP2): the samples of one process's engine; after an update both ranks' halves give
+    the trainer's log-probs; the shards reach the engine gathered one tensor at a time."""
     from coevolve.models import load_policy
     from coevolve.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
 
@@ -68,7 +68,7 @@ def test_tensor_parallel_engine_over_both_ranks_samples_as_one_process_and_takes
                               settings=VLLMSettings(kv_cache_gib=0.05))
     one_process = [c.token_ids for c in alone.generate(PROMPTS, SAMPLING, seed=11)]
     whole_engine = alone.llm.collective_rpc(engine_parameters)[0]
-    for kind in ("ddp", "fsdp"):
+    for kind in ("ddp", "lora", "fsdp"):
         r = got[kind]
         assert r["shares"] == r["whole"] == one_process
         assert r["syncs"] == [2.0, 2.0]  # the first weights, then the update's, on each rank
@@ -79,7 +79,8 @@ def test_tensor_parallel_engine_over_both_ranks_samples_as_one_process_and_takes
     assert fsdp["most_alive"] <= fsdp["layer_tensors"] < fsdp["tensors"]
     with capsys.disabled():
         print(f"\nvLLM tensor parallel over 2 processes, trainer vs each rank's engine after an update: max |log-prob "
-              f"diff| {max(got['ddp']['gaps']):.1e} (DDP), {max(got['fsdp']['gaps']):.1e} (FSDP); "
+              f"diff| {max(got['ddp']['gaps']):.1e} (DDP), {max(got['lora']['gaps']):.1e} (LoRA), "
+              f"{max(got['fsdp']['gaps']):.1e} (FSDP); "
               f"{fsdp['most_alive']} of the {fsdp['tensors']} gathered tensors alive at once")
 
 

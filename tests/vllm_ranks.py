@@ -1,7 +1,8 @@
 """vLLM engines in the ranks of a torchrun job, driven as a recipe drives them (tests/test_vllm_processes.py).
 
 ``torchrun --nproc-per-node 2 vllm_ranks.py MODEL_DIR OUT_JSON TENSOR_PARALLEL``: one policy trained data-parallel
-(DDP), then a second one sharded with FSDP2, each with its vLLM engine built by ``make_engine`` as a recipe builds it.
+(DDP), one with LoRA adapters, one sharded with FSDP2, each with its vLLM engine built by ``make_engine`` as a recipe
+builds it.
 For each: the samples of a seeded call (each engine sampled its share) and those of this rank's own engine sampling the
 whole call; one update; then every rank's own engine samples all prompts again and the largest gap between its
 log-probs and the trainer's recomputation is gathered, with how far the update moved the log-probs of the first
@@ -11,6 +12,7 @@ once while its engine loads them. Rank 0 writes the results as JSON.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import weakref
@@ -41,9 +43,11 @@ def counting_state_dict(model: torch.nn.Module):
         del tensor
 
 
-def check(model_dir: str, tensor_parallel: int, fsdp: bool) -> dict:
+def check(model_dir: str, tensor_parallel: int, fsdp: bool = False, lora: dict | None = None) -> dict:
     policy = load_policy(model_dir)
-    trainer = PolicyTrainer(policy.model, policy.tokenizer, UpdateSettings(lr=3e-2, micro_batch_size=4, fsdp=fsdp))
+    trainer = PolicyTrainer(policy.model, policy.tokenizer,
+                            UpdateSettings(lr=3e-2, micro_batch_size=4, fsdp=fsdp, lora=lora))
+    policy.model = trainer.model  # as Recipe.make_trainer does: LoRA wraps the model
     rollout = SamplingConfig(engine="vllm", vllm={"kv_cache_gib": 0.05, "tensor_parallel_size": tensor_parallel})
     engine = make_engine(policy, rollout, version=lambda: (trainer.updates_done, weights_version(policy.model)),
                          data_parallel=True, sharded=trainer.model if fsdp else None)
@@ -81,8 +85,12 @@ def main(model_dir: str, out: str, tensor_parallel: int) -> None:
     torch.set_num_threads(1)
     distributed.init_from_env(torch.device("cpu"))
     vllm_engine.hf_state_dict = counting_state_dict
-    results = {"ddp": check(model_dir, tensor_parallel, fsdp=False)}
-    most_alive["count"] = 0  # the DDP engine's tensors are the live weights, all alive
+    results = {"ddp": check(model_dir, tensor_parallel)}
+    gc.collect()  # the first engine is garbage now: the run's process group must outlive it (vllm_engine keeps it)
+    results["lora"] = check(model_dir, tensor_parallel, lora={"r": 4, "lora_alpha": 8,
+                                                              "target_modules": ["q_proj", "v_proj"]})
+    gc.collect()
+    most_alive["count"] = 0  # the plain model's tensors are the live weights, all alive
     results["fsdp"] = check(model_dir, tensor_parallel, fsdp=True)
     names = list(load_policy(model_dir).model.state_dict())
     results["fsdp"].update(most_alive=max(distributed.all_gather_objects(most_alive["count"])), tensors=len(names),

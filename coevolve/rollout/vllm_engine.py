@@ -51,6 +51,12 @@ VLLM_INSTALL_HINT = ("the vLLM engine needs vLLM: pip install vllm (CUDA machine
                      "(Linux x86-64 CPU machines), or set rollout.engine=hf")
 
 
+# Engines built on the run's process group (under a launcher), kept until the process exits: vLLM's shutdown of an engine,
+# when it is garbage-collected, destroys the process group it was built on, which is the run's own (and that of the
+# other role's engine).
+_ENGINES_ON_THE_RUNS_GROUP: list = []
+
+
 class EngineUnavailable(RuntimeError):
     """vLLM is missing or cannot run this model; the message is one line saying why and what to do."""
 
@@ -215,6 +221,8 @@ class VLLMRolloutEngine:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise EngineUnavailable(f"vLLM cannot run {self.model_source}: {first} "
                                         "(set rollout.engine=hf to sample with transformers)") from exc
+        if distributed.world_size() > 1:
+            _ENGINES_ON_THE_RUNS_GROUP.append(self.llm)
         log.info("vLLM engine for %s started in %.1f s", self.model_source, time.perf_counter() - started)
 
     def _sleep(self) -> None:
