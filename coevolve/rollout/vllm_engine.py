@@ -51,9 +51,9 @@ VLLM_INSTALL_HINT = ("the vLLM engine needs vLLM: pip install vllm (CUDA machine
                      "(Linux x86-64 CPU machines), or set rollout.engine=hf")
 
 
-# Engines built on the run's process group (under a launcher), kept until the process exits: vLLM's shutdown of an engine,
-# when it is garbage-collected, destroys the process group it was built on, which is the run's own (and that of the
-# other role's engine).
+# Engines built on the run's process group (under a launcher), kept until the process exits: vLLM's shutdown of an
+# engine, when it is garbage-collected, destroys the process group it was built on, which is the run's own (and that
+# of the other role's engine).
 _ENGINES_ON_THE_RUNS_GROUP: list = []
 
 
