@@ -43,6 +43,8 @@ class VLLMConfig(Strict):
     kv_cache_gib: float = Field(0.5, gt=0, description="CPU: KV-cache size per engine, GiB")
     max_model_len: int | None = Field(None, gt=0, description="context in tokens; default min(model's, 4096)")
     sleep: bool = Field(True, description="CUDA: free the engine's weights and KV cache while the trainer runs")
+    tensor_parallel_size: int = Field(1, ge=1, description="ranks (one GPU each) that run one engine together; it "
+                                      "must divide the number of processes")
 
 
 class SamplingOverride(Strict):
@@ -305,8 +307,10 @@ def check_runtime(config: RunConfig, processes: int = 1, fsdp_unsupported: str |
     for key, dtype in (("train.dtype", config.train.dtype), ("rollout.dtype", config.rollout.dtype)):
         if dtype == "bf16" and on_cuda and not torch.cuda.is_bf16_supported():
             raise ConfigError(f"config key '{key}': bf16 is not supported by this GPU; use fp32")
-    if processes > 1 and config.rollout.engine == "vllm":
-        raise ConfigError("config key 'rollout.engine': vllm runs in one process for now; use hf with --processes")
+    tensor_parallel = config.rollout.vllm.tensor_parallel_size
+    if config.rollout.engine == "vllm" and processes % tensor_parallel:
+        raise ConfigError(f"config key 'rollout.vllm.tensor_parallel_size': an engine over {tensor_parallel} ranks "
+                          f"needs a multiple of {tensor_parallel} processes, not {processes} (--processes, torchrun)")
     if config.train.fsdp:
         if processes < 2:
             raise ConfigError("config key 'train.fsdp': sharding needs several processes (--processes N, torchrun "
@@ -314,7 +318,6 @@ def check_runtime(config: RunConfig, processes: int = 1, fsdp_unsupported: str |
         for on, why in ((config.train.lora is not None, "train.lora"),
                         (config.train.offload_idle_role, "train.offload_idle_role"),
                         (config.train.compile, "train.compile"),
-                        (config.rollout.engine == "vllm", "rollout.engine=vllm"),
                         (fsdp_unsupported is not None, fsdp_unsupported)):
             if on:
                 raise ConfigError(f"config key 'train.fsdp': not supported together with {why}")

@@ -158,7 +158,10 @@ def test_impossible_settings_are_one_line_exit_2(tmp_path, random_model_dir):
     from coevolve.cli import app
 
     cases = [(["--set", "train.lora.target_modules=[no_such_proj]"], "train.lora.target_modules"),
-             (["--set", "rollout.engine=vllm", "--processes", "2"], "rollout.engine"),
+             (["--set", "rollout.engine=vllm", "--set", "rollout.vllm.tensor_parallel_size=2"],
+              "rollout.vllm.tensor_parallel_size"),
+             (["--set", "rollout.engine=vllm", "--set", "rollout.vllm.tensor_parallel_size=2", "--processes", "3"],
+              "rollout.vllm.tensor_parallel_size"),
              (["--set", "train.fsdp=true"], "train.fsdp"),
              (["--set", "train.fsdp=true", "--set", "train.lora.r=4", "--processes", "2"], "train.fsdp")]
     if not torch.cuda.is_available():

@@ -292,7 +292,9 @@ class PolicyTrainer:
         if settings.lora:
             from peft import LoraConfig, get_peft_model
 
-            model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **settings.lora))
+            with torch.random.fork_rng():  # the adapters' random start: the same on every rank and in every run
+                torch.manual_seed(seed)
+                model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **settings.lora))
         if settings.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if settings.compile:

@@ -16,7 +16,9 @@ import torch
 def hf_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The model's weights under their Hugging Face checkpoint names, LoRA adapters merged in.
 
-    A peft model is merged for the copy and unmerged afterwards, so training continues on the adapters.
+    A peft model is merged for the copy and unmerged afterwards, so training continues on the adapters. A model
+    sharded with FSDP2 yields each tensor gathered whole as it is read, one at a time, so a reader that loads them
+    one by one never holds a second whole model; every rank must read them all, in order (each is a collective).
     """
     if hasattr(model, "merge_adapter") and hasattr(model, "peft_config"):
         model.merge_adapter()
@@ -28,7 +30,8 @@ def hf_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield from state.items()
         return
     for name, tensor in model.state_dict().items():
-        yield name, tensor.detach()
+        tensor = tensor.detach()
+        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # a DTensor: an FSDP2 shard
 
 
 def _checkpoint_name(name: str) -> str:
