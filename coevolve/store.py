@@ -128,6 +128,25 @@ class RunStore:
             shutil.rmtree(self.checkpoints_dir / STEP_DIR.format(old), ignore_errors=True)
         return final
 
+    def checkpoint_roles(self, step: int) -> list[str]:
+        """The roles whose weights checkpoint ``step`` holds (``<role>.safetensors``), sorted."""
+        folder = self.checkpoints_dir / STEP_DIR.format(step)
+        return sorted(p.name.removesuffix(".safetensors") for p in folder.glob("*.safetensors")
+                      if not p.name.endswith(".optim.safetensors") and p.name != "rng.safetensors")
+
+    def check_checkpoint(self, step: int, roles: Iterable[str] | None = None) -> dict[str, Any]:
+        """The parsed ``state.json`` of checkpoint ``step`` once its files are checked (``roles``' weights and AdamW
+        state, default every role its ``state.json`` names, and the RNG state): what evaluating or exporting a
+        checkpoint reads first. A damaged file raises :class:`CheckpointDamaged` with one line naming it."""
+        folder = self.checkpoints_dir / STEP_DIR.format(step)
+        if roles is None:
+            try:
+                roles = list(json.loads((folder / "state.json").read_bytes().decode("utf-8"))["optimizers"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise CheckpointDamaged(f"{folder.name}/state.json unreadable ({type(exc).__name__}: {exc})") from exc
+        roles = list(roles)
+        return _checked_state(folder, dict.fromkeys(roles), dict.fromkeys(roles))
+
     def load_latest_checkpoint(self, models: Mapping[str, torch.nn.Module],
                                optimizers: Mapping[str, torch.optim.Optimizer]) -> tuple[int, dict[str, Any]] | None:
         """Restore the newest intact checkpoint (see :meth:`load_checkpoint`): (its step, the recipe's saved state), or
@@ -276,36 +295,3 @@ def _tuple_state(saved: list) -> tuple:
 def _np_rng_state() -> list:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
-
-
-def load_run_policy(target: str, checkpoint: int | None = None, *, trust_remote_code: bool = False):
-    """A model to evaluate: a run directory's checkpoint (latest unless ``checkpoint``), else a model name/path.
-
-    The model's own code runs only with ``trust_remote_code`` (the caller's flag), whatever the run's config says.
-    Returns (policy, the run's evaluation sets or None, a label for output folders).
-    """
-    from coevolve.config import load_yaml
-    from coevolve.models import load_policy
-
-    root = Path(target)
-    if not (root / "config.yaml").exists():
-        return load_policy(target, trust_remote_code=trust_remote_code), None, "model"
-    config = load_yaml(root / "config.yaml")
-    store = RunStore(root)
-    steps = store.checkpoint_steps()
-    if not steps:
-        raise FileNotFoundError(f"{root} has no completed checkpoint yet")
-    step = steps[-1] if checkpoint is None else checkpoint
-    folder = store.checkpoints_dir / STEP_DIR.format(step)
-    if not folder.exists():
-        raise FileNotFoundError(f"{root} has no checkpoint for step {step} (have: {steps})")
-    role = "solver" if (folder / "solver.safetensors").exists() else "policy"
-    policy = load_policy(config["model"], trust_remote_code=trust_remote_code)
-    lora = (config.get("train") or {}).get("lora")
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        policy.model = get_peft_model(policy.model, LoraConfig(task_type="CAUSAL_LM", **lora))
-    load_model(policy.model, str(folder / f"{role}.safetensors"))
-    policy.model.eval()
-    return policy, config.get("eval_sets"), STEP_DIR.format(step)
