@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from export_checks import assert_round_trip, export
 from run_checks import (
     COEVOLVE,
     DYNAMIC_RL_RUN,
+    UPDATE_GAP,
     assert_same_training,
     kill_process_tree,
     launch,
@@ -22,6 +24,7 @@ from run_checks import (
     train_rows,
     trained_steps,
 )
+from safetensors.torch import load_file
 
 POLICY = ("policy/loss", "policy/grad_norm")  # the summed gradient's norm: a share lost, halved or doubled shows
 
@@ -83,9 +86,23 @@ def test_fsdp_run_killed_and_resumed_trains_the_same_weights_as_one(dynamic_rl_r
     assert samples(out) == samples(dynamic_rl_run)  # sampling and evaluation ran on gathered weights
     # the gathered checkpoint has the one-process files' names; gradients summed into the shards, not averaged
     gaps = assert_same_training(dynamic_rl_run, out, small_tiny_arith[1], POLICY)
+    # exported, the sharded run is the folder the one-process run exports: the same files, the same weights up to the
+    # training gap above, and transformers, vLLM and `coevolve eval` read it back to what coevolve evaluates
+    folders = {run: tmp_path / f"export-{run.name}" for run in (dynamic_rl_run, out)}
+    for run, folder in folders.items():
+        assert export(run, folder).exit_code == 0
+    one, sharded = folders[dynamic_rl_run], folders[out]
+    assert sorted(p.name for p in sharded.iterdir()) == sorted(p.name for p in one.iterdir())
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"):
+        assert (sharded / name).read_bytes() == (one / name).read_bytes(), name
+    wa, wb = load_file(one / "model.safetensors"), load_file(sharded / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    assert max(float((wa[k] - wb[k]).norm() / wa[k].norm()) for k in wa) < UPDATE_GAP
+    gap = assert_round_trip(out, 3, sharded, tmp_path)
     with capsys.disabled():
         print(f"\nFSDP on 2 processes (killed, resumed) vs 1, dynamic_rl 3 steps: |difference| / |update| = "
-              f"{gaps['weights']:.2e} (weights), {gaps['adam']:.2e} (AdamW moments)")
+              f"{gaps['weights']:.2e} (weights), {gaps['adam']:.2e} (AdamW moments); its export's transformers "
+              f"log-probs within {gap:.1e} of coevolve's")
 
 
 @pytest.mark.slow
