@@ -29,6 +29,7 @@ import torch
 
 from coevolve.jsonio import atomic_write_text, dumps
 from coevolve.models import EXPORT_MANIFEST, Policy, hf_model_source
+from coevolve.records import evaluation_table
 from coevolve.run_models import RunCheckpoint, find_checkpoint, load_role
 from coevolve.store import RunStore
 
@@ -217,19 +218,16 @@ def source_commit() -> str | None:
 
 
 def _evaluation(checkpoint: RunCheckpoint) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """(before training, at the exported step): set -> {strict, lenient} from the run's evaluation rows."""
+    """(before training, at the exported step): set -> {accuracy, accuracy_lenient} from the run's evaluation
+    rows."""
     rows = RunStore(checkpoint.root).metrics()
 
     def at(step: int) -> dict[str, dict[str, float]]:
         table: dict[str, dict[str, float]] = {}
         for row in rows:
-            if row.get("step") != step:
-                continue
-            for key, value in row.items():
-                parts = key.split("/")
-                if len(parts) == 3 and parts[0] == "eval" and parts[2] in ("accuracy", "accuracy_lenient"):
-                    rule = "strict" if parts[2] == "accuracy" else "lenient"
-                    table.setdefault(parts[1], {})[rule] = value
+            if row.get("step") == step:
+                for name, scores in evaluation_table(row).items():
+                    table.setdefault(name, {}).update(scores)
         return table
 
     return at(0), at(checkpoint.step)
@@ -271,8 +269,8 @@ def model_card(checkpoint: RunCheckpoint, manifest: dict) -> str:
                   "| set | strict, step 0 | strict | lenient, step 0 | lenient |", "|---|---|---|---|---|"]
         for name, scores in after.items():
             start = before.get(name, {})
-            lines.append(f"| {name} | {_percent(start.get('strict'))} | {_percent(scores.get('strict'))} | "
-                         f"{_percent(start.get('lenient'))} | {_percent(scores.get('lenient'))} |")
+            lines.append(f"| {name} | {_percent(start.get('accuracy'))} | {_percent(scores.get('accuracy'))} | "
+                         f"{_percent(start.get('accuracy_lenient'))} | {_percent(scores.get('accuracy_lenient'))} |")
     else:
         lines.append(f"The run did not evaluate step {checkpoint.step}; evaluate the export with "
                      f"`coevolve eval DIR`.")

@@ -94,8 +94,8 @@ def find_checkpoint(run: str | Path, step: int | str | None = None, role: str | 
 
 def _default_metric(config: RunConfig) -> str:
     if not config.eval_sets:
-        raise RunCheckpointError("--step best: the run has no evaluation sets to rank its checkpoints by; pass --step N "
-                                 "or --metric NAME")
+        raise RunCheckpointError("--step best: the run has no evaluation sets to rank its checkpoints by; pass "
+                                 "--step N or --metric NAME")
     return f"eval/{config.eval_sets[0]}/accuracy"
 
 

@@ -17,7 +17,7 @@ from filelock import FileLock, Timeout
 
 LOCK_NAME = ".lock"
 RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "samples", "checkpoints", "eval", "tb",
-               "report")  # everything `coevolve run`, `eval` and `report` write into a run directory, but the lock
+               "report", "wandb", "wandb_run.json")  # what `coevolve run`, `eval` and `report` write, but the lock
 
 
 class RunDirError(RuntimeError):
