@@ -301,6 +301,9 @@ def export(
         _fail(f"--step {step}: give a step number, latest or best", 2)
     settings = ExportSettings(step=int(step) if step.isdigit() else step, role=role, metric=metric, dtype=dtype,
                               adapter=not merge, max_shard_size=max_shard_size, overwrite=overwrite)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # its per-file bars for a few files would bury the one result line
     try:
         manifest = export_run(run_dir, out, settings, trust_remote_code=trust_remote_code)
     except (ExportError, RunCheckpointError, CheckpointDamaged, ConfigError) as exc:
