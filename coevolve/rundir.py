@@ -17,7 +17,7 @@ from filelock import FileLock, Timeout
 
 LOCK_NAME = ".lock"
 RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "samples", "checkpoints", "eval", "tb",
-               "report", "wandb", "wandb_run.json")  # what `coevolve run`, `eval` and `report` write, but the lock
+               "report", "analytics", "wandb", "wandb_run.json")  # what `run`, `eval` and `report` write, not the lock
 
 
 class RunDirError(RuntimeError):

@@ -147,6 +147,7 @@ class WandbTracker(Tracker):
     def finish(self, summary):
         self._log_report()
         self.run.finish()
+        self.wandb.teardown()  # finish() returns before wandb-core has written everything; this waits for it
 
     def _log_report(self) -> None:
         """The run's HTML report (``coevolve report``, without the embedding-based diversity) as an artifact."""

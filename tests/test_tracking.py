@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from wandb_offline import offline_runs
 
 from coevolve.cli import app
+from coevolve.rundir import check_run_dir
 
 
 def offline_wandb(monkeypatch, tmp_path):
@@ -56,6 +57,7 @@ def test_wandb_offline_run_holds_the_config_rows_tables_and_report(random_model_
     assert [t["step"] for t in tables] == [0, 3] and all(t["eval/table/nrows"] == 1 for t in tables)
     assert f"report-{run.id}" in run.artifacts and (out / "report" / "report.html").exists()
     assert list((out / "tb").iterdir())  # TensorBoard as well
+    check_run_dir(out, overwrite=True)  # --overwrite may remove all a W&B run added (wandb_run.json, report, ...)
 
 
 def test_default_reports_to_tensorboard_only(random_model_dir, tmp_path, monkeypatch):
