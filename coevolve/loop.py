@@ -83,8 +83,8 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
         atomic_write_text(store.root / "config.yaml", to_yaml(config))
     tracker = (open_trackers(config.report_to, store.root, config.model_dump(mode="json"), resume=resume, start=start)
                if main else Tracker())
-    if resume:
-        tracker.resumed(store.metrics())
+    if resume and main:
+        tracker.resumed(store.metrics())  # the rows before the resume point, for a tracker that lost the last ones
     t0 = time.perf_counter()
 
     def now() -> float:
