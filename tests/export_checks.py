@@ -103,3 +103,24 @@ def assert_round_trip(run: Path, step: int, folder: Path, tmp: Path, *, role: st
                    for out in (from_run, from_folder)]
     assert completions[0] == completions[1]
     return gap
+
+
+def assert_same_export(one: Path, other: Path, tmp: Path, gap: float) -> Path:
+    """``other`` (a run trained on several processes) exports the folder that ``one`` (one process, the same global
+    batch) exports: the same files, byte for byte but the weights and the manifest (which names its run), and every
+    weight within ``gap`` of one's (relative L2 per tensor). Returns ``other``'s export."""
+    from safetensors.torch import load_file
+
+    folders = [tmp / f"export-{i}" for i in range(2)]
+    for run, folder in zip((one, other), folders):
+        done = export(run, folder)
+        assert done.exit_code == 0, done.output
+    names = sorted(p.name for p in folders[0].iterdir())
+    assert sorted(p.name for p in folders[1].iterdir()) == names
+    for name in names:
+        if name not in ("model.safetensors", "coevolve_export.json"):
+            assert (folders[0] / name).read_bytes() == (folders[1] / name).read_bytes(), name
+    wa, wb = (load_file(folder / "model.safetensors") for folder in folders)
+    assert wa.keys() == wb.keys()
+    assert max(float((wa[k] - wb[k]).norm() / wa[k].norm()) for k in wa) < gap
+    return folders[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from export_checks import assert_round_trip, export
+from export_checks import assert_round_trip, assert_same_export
 from run_checks import (
     COEVOLVE,
     DYNAMIC_RL_RUN,
@@ -24,7 +24,6 @@ from run_checks import (
     train_rows,
     trained_steps,
 )
-from safetensors.torch import load_file
 
 POLICY = ("policy/loss", "policy/grad_norm")  # the summed gradient's norm: a share lost, halved or doubled shows
 
@@ -56,6 +55,7 @@ def test_two_processes_train_the_same_weights_as_one(dynamic_rl_run, small_tiny_
         print(f"\n2 processes vs 1, dynamic_rl 3 steps: |difference| / |update| = {gaps['weights']:.2e} (weights), "
               f"{gaps['adam']:.2e} (AdamW moments)")
     assert [r["step"] for r in train_rows(out)] == [1, 2, 3]  # rank 0 alone wrote the metrics
+    assert_same_export(dynamic_rl_run, out, tmp_path, UPDATE_GAP)  # and the same folder comes out of it
 
 
 @pytest.mark.slow
@@ -88,16 +88,7 @@ def test_fsdp_run_killed_and_resumed_trains_the_same_weights_as_one(dynamic_rl_r
     gaps = assert_same_training(dynamic_rl_run, out, small_tiny_arith[1], POLICY)
     # exported, the sharded run is the folder the one-process run exports: the same files, the same weights up to the
     # training gap above, and transformers, vLLM and `coevolve eval` read it back to what coevolve evaluates
-    folders = {run: tmp_path / f"export-{run.name}" for run in (dynamic_rl_run, out)}
-    for run, folder in folders.items():
-        assert export(run, folder).exit_code == 0
-    one, sharded = folders[dynamic_rl_run], folders[out]
-    assert sorted(p.name for p in sharded.iterdir()) == sorted(p.name for p in one.iterdir())
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"):
-        assert (sharded / name).read_bytes() == (one / name).read_bytes(), name
-    wa, wb = load_file(one / "model.safetensors"), load_file(sharded / "model.safetensors")
-    assert wa.keys() == wb.keys()
-    assert max(float((wa[k] - wb[k]).norm() / wa[k].norm()) for k in wa) < UPDATE_GAP
+    sharded = assert_same_export(dynamic_rl_run, out, tmp_path, UPDATE_GAP)
     gap = assert_round_trip(out, 3, sharded, tmp_path)
     with capsys.disabled():
         print(f"\nFSDP on 2 processes (killed, resumed) vs 1, dynamic_rl 3 steps: |difference| / |update| = "
