@@ -1,4 +1,4 @@
-"""Command line: ``coevolve run | sft | eval | recipes | report | compare``."""
+"""Command line: ``coevolve run | sft | eval | export | recipes | report | compare``."""
 
 from __future__ import annotations
 
@@ -229,7 +229,8 @@ def eval_(
     top_p: Optional[float] = typer.Option(None, "--top-p"),
     top_k: Optional[int] = typer.Option(None, "--top-k"),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens"),
-    checkpoint: Optional[int] = typer.Option(None, "--checkpoint", help="run dir: which step (default latest)"),
+    checkpoint: Optional[int] = typer.Option(None, "--checkpoint", "--step", help="run dir: which step (default "
+                                             "latest)"),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with the benchmark files"),
     seed: int = typer.Option(0, "--seed"),
     out: Optional[Path] = typer.Option(None, "--out", help="where to write per-question results"),
@@ -247,7 +248,8 @@ def eval_(
     from coevolve.recipes import default_eval_sets
     from coevolve.rollout import make_engine
     from coevolve.rollout.vllm_engine import EngineUnavailable, require_vllm
-    from coevolve.store import CheckpointDamaged, load_run_policy
+    from coevolve.run_models import RunCheckpointError, load_run_policy
+    from coevolve.store import CheckpointDamaged
 
     try:  # the same bounds as a run's sampling settings: finite, temperature >= 0, 0 < top_p <= 1, ...
         SamplingOverride(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
@@ -262,9 +264,9 @@ def eval_(
         if engine_name == "vllm":
             require_vllm()
         policy, default_sets, label = load_run_policy(target, checkpoint, trust_remote_code=trust_remote_code)
-    except ConfigError as exc:
+    except (ConfigError, RunCheckpointError, CheckpointDamaged) as exc:
         _fail(str(exc), 2)
-    except (ModelNotFoundError, FileNotFoundError, EngineUnavailable, CheckpointDamaged) as exc:
+    except (ModelNotFoundError, FileNotFoundError, EngineUnavailable) as exc:
         _fail(str(exc))
     set_names = [s.strip() for s in sets.split(",")] if sets else (default_sets or default_eval_sets("arith"))
     out_dir = out or (Path(target) / "eval" / label if Path(target, "config.yaml").exists() else None)
@@ -284,6 +286,51 @@ def eval_(
             typer.echo(f"{'':<14} strict: {s['answer_rules']['strict']}; lenient: {s['answer_rules']['lenient']}")
     if out_dir:
         typer.echo(f"results: {out_dir}")
+
+
+@app.command()
+def export(
+    run_dir: Path = typer.Argument(..., help="run directory"),
+    out: str = typer.Option(..., "--out", help="folder for the model: absent or empty (or an earlier export, with "
+                            "--overwrite)"),
+    step: str = typer.Option("latest", "--step", help="checkpoint: a step number, latest, or best (by --metric)"),
+    metric: Optional[str] = typer.Option(None, "--metric", help="--step best ranks checkpoints by this metrics.jsonl "
+                                         "name (default eval/<first eval set>/accuracy, strict)"),
+    role: Optional[str] = typer.Option(None, "--role", help="which model of the run (default the solver; "
+                                       "generator, questioner, proposer or policy by the recipe's names)"),
+    dtype: str = typer.Option("fp32", "--dtype", help="weights as fp32 (as trained) or bf16"),
+    merge: bool = typer.Option(True, "--merge/--adapter", help="LoRA runs: merge the adapters into the weights "
+                               "(default) or write a PEFT adapter folder that names its base model"),
+    max_shard_size: str = typer.Option("5GB", "--max-shard-size", help="split the weights into files of this size"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier export in --out (removes only the "
+                                   "files it wrote)"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the model folder's own Python "
+                                           "code run (a run directory's saved config does not)"),
+) -> None:
+    """Write one trained model of a run as a standard Hugging Face folder (config, tokenizer, safetensors, card)."""
+    from coevolve.config import ConfigError
+    from coevolve.export import ExportError, ExportSettings, export_run
+    from coevolve.models import ModelNotFoundError
+    from coevolve.run_models import RunCheckpointError
+    from coevolve.store import CheckpointDamaged
+
+    if not out.strip():
+        _fail("--out needs a folder name", 2)
+    if step not in ("latest", "best") and not (step.isascii() and step.isdigit()):
+        _fail(f"--step {step}: give a step number, latest or best", 2)
+    settings = ExportSettings(step=int(step) if step.isdigit() else step, role=role, metric=metric, dtype=dtype,
+                              adapter=not merge, max_shard_size=max_shard_size, overwrite=overwrite)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # its per-file bars for a few files would bury the one result line
+    try:
+        manifest = export_run(run_dir, out, settings, trust_remote_code=trust_remote_code)
+    except (ExportError, RunCheckpointError, CheckpointDamaged, ConfigError) as exc:
+        _fail(str(exc), 2)
+    except ModelNotFoundError as exc:
+        _fail(str(exc))
+    typer.echo(f"exported the {manifest['role']} of step {manifest['step']} ({manifest['kind']}, {manifest['dtype']}) "
+               f"to {out}")
 
 
 @app.command()

@@ -8,6 +8,7 @@ expanded), so an alias bomb is one short error instead of a hang.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 import re
 import reprlib
@@ -159,6 +160,9 @@ class RunConfig(Strict):
     frozen_generator: bool = Field(False, description="two-role recipes: never update the generator (baseline)")
     checkpoint_every: int = Field(1, gt=0)
     keep_checkpoints: int = Field(2, gt=0)
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(["tensorboard"], description="where the run also "
+                                                             "reports its metrics (wandb: pip install "
+                                                             "'coevolve[wandb]')")
     params: dict[str, Any] = {}
 
     @field_validator("eval_sets")
@@ -301,6 +305,8 @@ def check_runtime(config: RunConfig, processes: int = 1, fsdp_unsupported: str |
 
     from coevolve.distributed import device_for
 
+    if "wandb" in config.report_to and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("config key 'report_to': wandb needs the extra: pip install 'coevolve[wandb]'")
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("config key 'device': cuda requested but no CUDA device is available")
     on_cuda = device_for(config.device).type == "cuda"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from coevolve.grading.guard import pop_bound_counts
 from coevolve.recipes.base import Recipe
 from coevolve.rundir import check_run_dir
 from coevolve.store import RunStore, atomic_write_text, dumps
+from coevolve.tracking import Tracker, open_trackers
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +31,6 @@ def _non_finite_roles(models: dict[str, torch.nn.Module]) -> list[str]:
            if not torch.stack([torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
                                for p in model.parameters()]).all().item()]
     return sorted({role for rank_bad in distributed.all_gather_objects(bad) for role in rank_bad})
-
-
-def _tensorboard(root: Path, purge_step: int | None):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is a dependency; a broken install only loses the event files
-        log.warning("tensorboard is not importable; no event files will be written")
-        return None
-    return SummaryWriter(str(root / "tb"), purge_step=purge_step)
 
 
 def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: int) -> dict[str, float]:
@@ -96,7 +87,10 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
     if main:  # on resume too, so that --set overrides (more steps) are what a later plain --resume reads
         store.root.mkdir(parents=True, exist_ok=True)
         atomic_write_text(store.root / "config.yaml", to_yaml(config))
-    writer = _tensorboard(store.root, purge_step=start if resume else None) if main else None
+    tracker = (open_trackers(config.report_to, store.root, config.model_dump(mode="json"), resume=resume, start=start)
+               if main else Tracker())
+    if resume and main:
+        tracker.resumed(store.metrics())  # the rows before the resume point, for a tracker that lost the last ones
     t0 = time.perf_counter()
 
     def now() -> float:
@@ -107,11 +101,7 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
             return
         row = {"step": step, "time_s": round(now(), 3), **row}
         store.append_metrics(row)
-        if writer is not None:
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    writer.add_scalar(key, value, step)
-            writer.flush()
+        tracker.log(step, row)
 
     if start == 1 and config.eval_sets:
         log_row(0, evaluate_solver(recipe, config, store, 0))
@@ -156,8 +146,6 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
         if stop:
             break
     bar.close()
-    if writer is not None:
-        writer.close()
     distributed.barrier()
     if not main:
         return {}
@@ -171,4 +159,5 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
         "last_step_metrics": last_metrics, "torch": torch.__version__, **recipe.run_summary(),
     }
     atomic_write_text(store.root / "summary.json", dumps(summary) + "\n")
+    tracker.finish(summary)
     return summary

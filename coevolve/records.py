@@ -104,6 +104,17 @@ _SHARED = {f.name for f in fields(SampleRow)} - {"step", "iteration", "role", "p
                                                  "extra"}
 
 
+def evaluation_table(row: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """An evaluation's metrics row (``eval/<set>/accuracy``, strict, and ``eval/<set>/accuracy_lenient``) as
+    set -> {``accuracy``, ``accuracy_lenient``}; empty for a training row."""
+    table: dict[str, dict[str, float]] = {}
+    for key, value in row.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "eval" and parts[2] in ("accuracy", "accuracy_lenient"):
+            table.setdefault(parts[1], {})[parts[2]] = value
+    return table
+
+
 def _row(step: int, iteration: int | None, role: str, phase: str, output: Completion,
          values: dict[str, Any]) -> dict[str, Any]:
     shared = {k: v for k, v in values.items() if k in _SHARED}

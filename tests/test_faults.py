@@ -273,7 +273,7 @@ def test_eval_of_a_damaged_checkpoint_is_one_error_line(two_checkpoints, tmp_pat
         DAMAGES[damage](out / "checkpoints" / "step_000002")
         result = CliRunner().invoke(app, ["eval", str(out), "--sets", "arith_l1", "--limit", "2"])
         errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-        assert result.exit_code == 1 and len(errors) == 1 and needle in errors[0], result.output
+        assert result.exit_code == 2 and len(errors) == 1 and needle in errors[0], result.output
         assert not (out / "eval").exists()
 
 

@@ -144,6 +144,11 @@ class Recipe:
             load_benchmark(name, data_dir=config.data_dir)
 
     @classmethod
+    def start_model(cls, config: RunConfig, params: RecipeParams, role: str) -> str:
+        """The model (name or folder) that ``role``'s weights start from, before training: the run's ``model``."""
+        return config.model
+
+    @classmethod
     def data_sets(cls, config: RunConfig, params: RecipeParams) -> list[str]:
         """Benchmark files (:mod:`coevolve.data.benchmarks` names) the run reads, checked before the model
         loads: the evaluation sets, and what a recipe adds."""

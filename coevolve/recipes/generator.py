@@ -97,9 +97,15 @@ class GeneratorRecipe(Recipe):
     def generator_model(self) -> str:
         """What the generator starts from: ``params.generator_init`` (a ``coevolve sft`` folder's model) or the
         run's model."""
-        init = self.params.generator_init
-        if init is None:
-            return self.config.model
+        return self.start_model(self.config, self.params, "generator")
+
+    @classmethod
+    def start_model(cls, config: RunConfig, params: RecipeParams, role: str) -> str:
+        """The solver starts from the run's model; every other role (the generator, and the one policy of a
+        one-policy recipe) from ``params.generator_init`` when it is set."""
+        init = getattr(params, "generator_init", None)
+        if role == "solver" or init is None:
+            return config.model
         return str(Path(init) / "model") if (Path(init) / "model").is_dir() else init
 
     def generator_policy(self, solver: Policy) -> Policy:

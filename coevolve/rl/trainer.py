@@ -11,7 +11,7 @@ import logging
 import math
 import random
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -282,6 +282,14 @@ def _pass_tokens(model, packed_tokens: int, longest: int, rows: int) -> int:
     return packed_tokens if _packs(model, packed_tokens, longest) else rows * longest
 
 
+def wrap_lora(model: torch.nn.Module, lora: Mapping[str, Any]) -> torch.nn.Module:
+    """``model`` with LoRA adapters (peft ``LoraConfig`` kwargs, ``train.lora``) as a trainer trains it; a checkpoint
+    of the trained role loads into the result."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+
+
 class PolicyTrainer:
     """AdamW policy-gradient updates of one model (optionally LoRA), with an optional frozen reference."""
 
@@ -290,11 +298,9 @@ class PolicyTrainer:
         self.tokenizer = tokenizer
         self.seed = seed
         if settings.lora:
-            from peft import LoraConfig, get_peft_model
-
             with torch.random.fork_rng():  # the adapters' random start: the same on every rank and in every run
                 torch.manual_seed(seed)
-                model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **settings.lora))
+                model = wrap_lora(model, settings.lora)
         if settings.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if settings.compile:
