@@ -204,7 +204,6 @@ class RunStore:
         optimizers = list(optimizers)
         if not folder.is_dir():
             raise CheckpointDamaged(f"{folder.name} does not exist (checkpoints: {self.checkpoint_steps()})")
-        _check_digests(folder)
         try:
             state = json.loads((folder / "state.json").read_bytes().decode("utf-8"))
         except (OSError, ValueError) as exc:  # missing, unreadable, invalid UTF-8 or JSON
@@ -218,6 +217,7 @@ class RunStore:
             problem = _safetensors_problem(folder / name)
             if problem:
                 raise CheckpointDamaged(f"{folder.name}/{name} {problem}")
+        _check_digests(folder)
         for role in models:
             try:
                 bad = _non_finite_tensor(folder / f"{role}.safetensors")
