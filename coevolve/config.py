@@ -276,11 +276,13 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _first_error(exc: ValidationError, prefix: str = "") -> str:
+def _first_error(exc: ValidationError, prefix: str = "", renamed: Mapping[str, str] | None = None) -> str:
+    """The first validation error as one line naming the key; ``renamed``: keys that moved, with where to."""
     err = exc.errors()[0]
     key = prefix + ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
-        return f"unknown config key '{key}'"
+        moved = (renamed or {}).get(key.removeprefix(prefix))
+        return f"config key '{key}' is now {moved}" if moved else f"unknown config key '{key}'"
     return f"config key '{key}': {err['msg'].removeprefix('Value error, ')} (got {_SHORT.repr(err.get('input'))})"
 
 
@@ -293,7 +295,7 @@ def validate(raw: Mapping[str, Any], params_model: type[BaseModel]) -> tuple[Run
     try:
         params = params_model.model_validate(config.params)
     except ValidationError as exc:
-        raise ConfigError(_first_error(exc, "params.")) from None
+        raise ConfigError(_first_error(exc, "params.", getattr(params_model, "renamed", None))) from None
     config.params = params.model_dump(mode="json")
     return config, params
 

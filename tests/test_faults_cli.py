@@ -196,6 +196,7 @@ def config_errors(tmp_path: Path) -> list[tuple[list[str], str, int]]:
         ([*run, "ttrl", "--set", "task=math", "--set", "eval_sets=[]", "--set", math_empty], "empty", 1),
         ([*run, "ttrl", "--set", "task=math", "--set", "eval_sets=[]", "--set", math_empty, "--set",
           "params.pool_source=gsm8k"], "pool", 1),
+        ([*run, "pasodoble", "--set", "params.scale_std=false"], "is now params.advantage", 2),
         ([*run, "opensir", "--set", "frozen_generator=true", "--set", "params.train_roles=teacher"],
          "params.train_roles", 2),
         ([*run, "r_zero", "--set", "params.format_examples=2"], "format help", 2),

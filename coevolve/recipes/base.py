@@ -28,9 +28,11 @@ RECIPES: dict[str, type["Recipe"]] = {}
 
 
 class RecipeParams(BaseModel):
-    """Base of each recipe's ``params`` section (unknown keys and non-finite numbers are errors)."""
+    """Base of each recipe's ``params`` section (unknown keys and non-finite numbers are errors; a key in ``renamed``
+    is refused with one line saying where it went)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    renamed: ClassVar[dict[str, str]] = {}
 
     def role_updates(self) -> dict[str, RoleUpdate]:
         """Each role's own update settings by role name; a role not named trains with the run's ``train``."""

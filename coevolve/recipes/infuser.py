@@ -50,7 +50,7 @@ from coevolve.recipes.base import (
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
 from coevolve.records import generator_row, solver_row
-from coevolve.rl.advantages import compute_advantages, dr_grpo_advantages, nonzero_variance_mask
+from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
 from coevolve.rl.influence import DevGradient, dev_gradient, influence_scores, one_step_dev_gains
 from coevolve.rl.trainer import RoleUpdate, TrainSample
 from coevolve.rollout import Completion
@@ -324,7 +324,7 @@ class Infuser(GeneratorRecipe):
         for i, (group, r) in enumerate(self.dev_rollouts_of(step_seed(seed, step, "dev"))):
             rewards += r
             if len(set(r)) > 1:
-                halves[i in second].extend(train_samples(group, dr_grpo_advantages(r, [0] * len(r)), "solver"))
+                halves[i in second].extend(train_samples(group, compute_advantages("dr_grpo", r, [0] * len(r)), "solver"))
         samples = halves[0] + halves[1]
         stats = {"dev/reward_mean": mean(rewards), "dev/groups_kept": float(len(samples) // self.dev_rollouts)}
         if not samples:
@@ -346,7 +346,7 @@ class Infuser(GeneratorRecipe):
         fresh dev rollouts (``validity_spearman``: the actual change, its noise independent of ĝ_dev's) and on
         Phase 1's (``validity_spearman_same_rollouts``: how well the first-order term predicts the step)."""
         fresh = [s for group, r in self.dev_rollouts_of(step_seed(self.config.seed, step, "dev_validity"))
-                 if len(set(r)) > 1 for s in train_samples(group, dr_grpo_advantages(r, [0] * len(r)), "solver")]
+                 if len(set(r)) > 1 for s in train_samples(group, compute_advantages("dr_grpo", r, [0] * len(r)), "solver")]
         questions, scores = [self.solver_samples([x]) for x in retained], [x.influence for x in retained]
         total = len(self.dev) * self.dev_rollouts
         gains = one_step_dev_gains(self.solver_trainer, questions, fresh, total) if fresh else []
@@ -367,7 +367,7 @@ class Infuser(GeneratorRecipe):
                                                                     seed)):
             x.solutions, x.answers = group, answers
             x.rewards = [float(a is not None and self.task.is_correct(a, x.key)) for a in x.answers]
-            x.solver_advantages = [float(a) for a in dr_grpo_advantages(x.rewards, [0] * len(group))]
+            x.solver_advantages = [float(a) for a in compute_advantages("dr_grpo", x.rewards, [0] * len(group))]
 
     def solver_samples(self, questions: list[Generated]) -> list[TrainSample]:
         return train_samples([c for x in questions for c in x.solutions],

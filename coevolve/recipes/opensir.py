@@ -74,7 +74,7 @@ from coevolve.rewards.novelty import (
     top_indices,
     top_k_mean_diversity,
 )
-from coevolve.rl.advantages import grpo_advantages
+from coevolve.rl.advantages import compute_advantages
 from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
@@ -394,10 +394,10 @@ class OpenSIR(GeneratorRecipe):
         """Group-relative advantages (Eq. 8): A^T within each selected teacher group, A^S within the G solutions of
         each selected problem (unbiased std + eps, as the code)."""
         eps, G = self.params.adv_eps, self.params.group_size
-        for c, a in zip(d_t, grpo_advantages([c.novelty for c in d_t], [c.group for c in d_t], eps=eps)):
+        for c, a in zip(d_t, compute_advantages("grpo", [c.novelty for c in d_t], [c.group for c in d_t], eps=eps)):
             c.advantage = float(a)
-        flat = grpo_advantages([r for c in student_problems for r in c.student_rewards],
-                               [i for i, c in enumerate(student_problems) for _ in c.student_rewards], eps=eps)
+        flat = compute_advantages("grpo", [r for c in student_problems for r in c.student_rewards],
+                                  [i for i, c in enumerate(student_problems) for _ in c.student_rewards], eps=eps)
         for i, c in enumerate(student_problems):
             c.student_advantages = flat[i * G:(i + 1) * G].tolist()
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -52,7 +52,7 @@ from coevolve.recipes.base import (
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
 from coevolve.records import generator_row, solver_row
 from coevolve.rewards.pasodoble import DiversityGate, JaccardHistory, LeakMode, leaks_answer, proposer_reward
-from coevolve.rl.advantages import dr_grpo_advantages, grpo_advantages
+from coevolve.rl.advantages import compute_advantages
 from coevolve.rl.trainer import RoleUpdate
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
@@ -93,6 +93,8 @@ _PAPER_SCALE = {
 class PasoDobleParams(GeneratorParams):
     """Algorithm 1/2's inputs, the released code's options and the ablation switches."""
 
+    renamed: ClassVar[dict[str, str]] = {"scale_std": "params.advantage (grpo for true, dr_grpo for false)"}
+
     mode: Literal["online", "offline"] = Field("online", description="Algorithm 1 (joint) or 2 (alternating)")
     passages_per_step: int = Field(1, gt=0, description="B_k passages per Proposer step (code: 1)")
     proposals: int = Field(6, gt=1, description="I, proposals per passage (the Proposer's GRPO group)")
@@ -108,7 +110,9 @@ class PasoDobleParams(GeneratorParams):
     question_tokens: Literal["ids", "id_bigrams"] = Field(
         "ids", description="Tok(q): token ids (paper/code) or pairs of consecutive ids (for character tokenizers)")
     leak_filter: LeakMode = "word"
-    scale_std: bool = Field(True, description="GRPO advantages (std-scaled); false: mean-centred only")
+    advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="both roles' advantages: GRPO's "
+                                                  "std-scaled (paper, code) or mean-centred only")
+    adv_eps: float = Field(1e-4, gt=0, description="epsilon of the group std (TRL's, the code's: 1e-4)")
     solver_reward: Literal["agree", "random_full", "random_partial"] = "agree"
     knowledge: bool = Field(True, description="false: the w/o-𝒦 ablation")
     knowledge_source: str | None = Field(None, description="arith | openstax | proofwiki | a path; default by task")
@@ -401,8 +405,7 @@ class PasoDoble(GeneratorRecipe):
                                            offset=p.difficulty_offset, gate=p.diversity_gate)
             groups_of = [x.group for x in proposals]
             rewards = [x.reward for x in proposals]
-            advantages = (grpo_advantages(rewards, groups_of, eps=1e-4) if p.scale_std
-                          else dr_grpo_advantages(rewards, groups_of))
+            advantages = compute_advantages(p.advantage, rewards, groups_of, eps=p.adv_eps)
             for x, a in zip(proposals, advantages):
                 x.advantage = float(a)
         return proposals
@@ -423,9 +426,8 @@ class PasoDoble(GeneratorRecipe):
             x.solutions, x.solver_answers = group, answers
             x.solver_rewards = [self.solver_reward(a, x.answer, rng) for a in x.solver_answers]
             x.p_raw = mean(x.solver_rewards)
-            x.solver_advantages = [float(a) for a in (
-                grpo_advantages(x.solver_rewards, [0] * len(group), eps=1e-4) if self.params.scale_std
-                else dr_grpo_advantages(x.solver_rewards, [0] * len(group)))]
+            x.solver_advantages = [float(a) for a in compute_advantages(
+                self.params.advantage, x.solver_rewards, [0] * len(group), eps=self.params.adv_eps)]
 
     def solver_reward(self, answer: str | None, key: str | None, rng: random.Random) -> float:
         """r^s = 1[a ≡ a*] (§3.4); the no-answers ablations draw Bernoulli(0.5) (partial: 0 without an answer)."""
