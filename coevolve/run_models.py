@@ -18,11 +18,9 @@ from safetensors.torch import load_model
 from coevolve.config import RunConfig
 from coevolve.models import Policy, load_policy
 from coevolve.recipes import resolve_saved
-from coevolve.recipes.base import Recipe, RecipeParams
+from coevolve.recipes.base import SOLVER_ROLES, Recipe, RecipeParams
 from coevolve.rl.trainer import wrap_lora
 from coevolve.store import STEP_DIR, RunStore
-
-SOLVER_ROLES = ("solver", "policy")  # the role evaluation measures: a solver, or the one policy that also answers
 
 
 class RunCheckpointError(ValueError):

@@ -221,7 +221,7 @@ def test_chat_prompts_parsing_and_formats(random_model_dir):
         return solutions[n % 4]
 
     recipe, updates = stubbed(random_model_dir, "params.student_format=phrase", respond=respond, run_update=False)
-    recipe.policy.prompt_style = recipe.style = "chat"  # as a chat model on a chat task would be read
+    recipe.policy.prompt_style = "chat"  # as a chat model on a chat task would be read (recipe.style follows)
     recipe.generator_format, recipe.student = OpenSIR.formats["chat"], STUDENT_WORLDS["chat"]
     recipe.pool = ProblemPool([STUDENT_WORLDS["chat"].seed])
     out = recipe.step(1)

@@ -1,7 +1,13 @@
-"""One file per method; ``resolve`` layers a recipe's defaults, a preset, a YAML file and --set overrides."""
+"""One file per method; ``resolve`` layers a recipe's defaults, a preset, a YAML file and --set overrides.
+
+Every module of this package but ``base`` and ``generator`` is a recipe, imported here so that its ``@register``
+runs: a new recipe is a new file, with no import list to edit.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any, Sequence
 
 from coevolve.config import (
@@ -15,9 +21,12 @@ from coevolve.config import (
     validate,
 )
 from coevolve.formats import GeneratorFormat
-from coevolve.recipes import dynamic_rl, grpo, infuser, opensir, pasodoble, prism, r_zero, ttrl  # noqa: F401  (importing registers each recipe)
 from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
 from coevolve.recipes.generator import GeneratorRecipe
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in ("base", "generator"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["FORMATS", "RECIPES", "Recipe", "resolve", "resolve_saved"]
 

@@ -23,6 +23,7 @@ from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency
 from coevolve.rl.trainer import PolicyTrainer, RoleUpdate, TrainSample, update_settings
 from coevolve.rollout import Completion, RolloutEngine, SamplingParams, make_engine, weights_version
+from coevolve.tasks.registry import Task, get_task
 
 RECIPES: dict[str, type["Recipe"]] = {}
 
@@ -66,12 +67,19 @@ def step_seed(seed: int, step: int, purpose: str) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+SOLVER_ROLES = ("solver", "policy")  # the role evaluation measures: a solver, or the one policy that also answers
+
+
 class Recipe:
-    """One method. Subclasses set ``name``, ``summary``, ``Params`` and ``presets`` and implement ``step``; a recipe
-    with a generator subclasses :class:`coevolve.recipes.generator.GeneratorRecipe`."""
+    """One method. A subclass declares ``name``, ``summary``, its ``roles``, ``Params`` and ``presets``, loads its
+    models and makes a trainer per role in ``__init__`` (:meth:`make_trainer`), and implements ``step``; a recipe with
+    a generator subclasses :class:`coevolve.recipes.generator.GeneratorRecipe`. The base sets ``config``, ``params``,
+    ``task`` (the run's task world) and the sampling settings, and knows each role's policy and trainer, so
+    :meth:`trainers`, :meth:`solver` and :attr:`style` need no code in a recipe."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    roles: ClassVar[tuple[str, ...]] = ("solver",)  # the roles it trains, in checkpoint order
     Params: ClassVar[type[RecipeParams]] = RecipeParams
     defaults: ClassVar[dict[str, Any]] = {}
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
@@ -82,22 +90,29 @@ class Recipe:
     def __init__(self, config: RunConfig, params: RecipeParams):
         self.config = config
         self.params = params
+        self.task: Task = get_task(config.task, data_dir=config.data_dir)
         self.sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                                        top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens)
         self.solver_sampling = self.sampling
         self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
+        self._role_policies: dict[str, Policy] = {}  # by role, as make_trainer recorded them
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
         self._residency = (Residency(distributed.device_for(config.device)) if config.train.offload_idle_role
                            else None)
 
     # --- what the loop needs ----------------------------------------------------------------------
     def trainers(self) -> dict[str, PolicyTrainer]:
-        """Trainers by role name; their models and optimizers are checkpointed."""
-        raise NotImplementedError
+        """Trainers by role name, in ``roles`` order; their models and optimizers are checkpointed."""
+        return {role: self._trainers[id(self._role_policies[role])] for role in self.roles}
 
     def solver(self) -> Policy:
-        """The policy that evaluation measures."""
-        raise NotImplementedError
+        """The policy that evaluation measures: the ``solver`` role's, or the one ``policy`` of a one-policy recipe."""
+        return self._role_policies[next(role for role in SOLVER_ROLES if role in self._role_policies)]
+
+    @property
+    def style(self) -> str:
+        """The prompt style of the run's model (``compact`` for tiny-arith, ``chat`` otherwise)."""
+        return self.solver().prompt_style
 
     def step(self, step: int) -> StepOutput:
         raise NotImplementedError
@@ -161,8 +176,12 @@ class Recipe:
         return load_policy(name or self.config.model, trust_remote_code=self.config.trust_remote_code,
                            device=str(distributed.device_for(self.config.device)))
 
-    def make_trainer(self, policy: Policy, role: str | None = None) -> PolicyTrainer:
-        """A trainer for ``policy`` with the run's ``train`` settings and ``role``'s own (``params.role_updates``)."""
+    def make_trainer(self, policy: Policy, role: str) -> PolicyTrainer:
+        """A trainer for ``policy`` in ``role`` (one of ``roles``), with the run's ``train`` settings and the role's
+        own (``params.role_updates``); the role's policy and trainer are what :meth:`trainers` and :meth:`solver`
+        return."""
+        if role not in self.roles or role in self._role_policies:
+            raise ValueError(f"{self.name}: role {role!r} is not one of {self.roles} or has a trainer already")
         train = self.config.train
         on_cuda = distributed.device_for(self.config.device).type == "cuda"
         bf16 = self._bf16(train.dtype)
@@ -184,6 +203,7 @@ class Recipe:
             raise ConfigError(f"config key 'train.lora.target_modules': {str(exc).splitlines()[0]}") from None
         policy.model = trainer.model  # LoRA wraps the model; sampling uses the wrapped one
         self._trainers[id(policy)] = trainer
+        self._role_policies[role] = policy
         if self._residency is not None:
             self._residency.register(trainer)
         return trainer

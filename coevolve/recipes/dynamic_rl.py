@@ -51,7 +51,6 @@ from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
 from coevolve.tasks.arith import ParsedQuestion
-from coevolve.tasks.registry import get_task
 
 # z_0, verbatim from the paper (§2 "Prompt"); the output's "Solution:" part is discarded.
 Z0 = ("Generate exactly one math question and its step-by-step solution. The answer to the question should exist and "
@@ -138,6 +137,7 @@ class DynamicRL(GeneratorRecipe):
     name = "dynamic_rl"
     summary = ("one policy writes questions from a fixed prompt and answers them; majority-vote labels, tent "
                "difficulty + token/answer diversity rewards, per-term z-scored advantages")
+    roles = ("policy",)
     Params = DynamicRLParams
     formats = {
         "chat": GeneratorFormat(  # z_0, the paper's prompt for free-form math; generation stops at "Solution:"
@@ -173,10 +173,8 @@ class DynamicRL(GeneratorRecipe):
 
     def __init__(self, config, params: DynamicRLParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
         self.policy = self.load_policy(self.generator_model())  # the model, or a format warm-up's
-        self.trainer = self.make_trainer(self.policy)
-        self.style = self.policy.prompt_style
+        self.trainer = self.make_trainer(self.policy, "policy")
         self.z0 = self.generator_prompt(self.policy)  # z_0 in the run's task world (``formats``)
         self.question_sampling = self.generator_sampling(replace(self.sampling,
                                                                  max_new_tokens=params.question_max_tokens))
@@ -184,12 +182,6 @@ class DynamicRL(GeneratorRecipe):
         self.weights = {"R_q": params.lambda_q if params.question_reward else 0.0,
                         "R_dq": params.lambda_dq if params.question_diversity else 0.0,
                         "R_da": params.lambda_da if params.answer_diversity else 0.0}
-
-    def trainers(self):
-        return {"policy": self.trainer}
-
-    def solver(self):
-        return self.policy
 
     def step(self, step: int) -> StepOutput:
         p, timer, seed = self.params, PhaseTimer(), self.config.seed

@@ -108,11 +108,17 @@ class GeneratorRecipe(Recipe):
             return config.model
         return str(Path(init) / "model") if (Path(init) / "model").is_dir() else init
 
-    def generator_policy(self, solver: Policy) -> Policy:
-        """The generator of a two-model recipe: a copy of the solver, or the ``params.generator_init`` model."""
+    def load_solver_and_generator(self, generator_role: str) -> tuple[Policy, Policy]:
+        """The two models of a two-model recipe, each with its trainer: the solver S_0 = M_0 (role ``solver``) and
+        the generator (``generator_role``), a copy of M_0 or the ``params.generator_init`` model."""
+        solver = self.load_policy()
         if self.params.generator_init is None:
-            return Policy(solver.name, copy.deepcopy(solver.model), solver.tokenizer, solver.prompt_style)
-        return self.load_policy(self.generator_model())
+            generator = Policy(solver.name, copy.deepcopy(solver.model), solver.tokenizer, solver.prompt_style)
+        else:
+            generator = self.load_policy(self.generator_model())
+        self.make_trainer(solver, "solver")
+        self.make_trainer(generator, generator_role)
+        return solver, generator
 
     def watch_format(self, step: int, valid: int, total: int) -> None:
         """Count a generator step's valid outputs; one warning after ``params.format_warn_after`` empty steps."""

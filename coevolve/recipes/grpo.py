@@ -32,7 +32,6 @@ from coevolve.recipes.base import (
 )
 from coevolve.records import solver_row
 from coevolve.rl.advantages import AdvantageKind, compute_advantages, nonzero_variance_mask
-from coevolve.tasks.registry import get_task
 
 
 class GRPOParams(RecipeParams):
@@ -63,9 +62,8 @@ class GRPO(Recipe):
 
     def __init__(self, config, params: GRPOParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
         self.policy = self.load_policy()
-        self.trainer = self.make_trainer(self.policy)
+        self.trainer = self.make_trainer(self.policy, "solver")
 
     @classmethod
     def data_sets(cls, config, params: GRPOParams):
@@ -73,12 +71,6 @@ class GRPO(Recipe):
             return super().data_sets(config, params)
         split = "gsm8k_train" if params.train_split == "train" else params.train_split  # MathTask.training_problems
         return super().data_sets(config, params) + [split]
-
-    def trainers(self):
-        return {"solver": self.trainer}
-
-    def solver(self):
-        return self.policy
 
     def step(self, step: int) -> StepOutput:
         p, timer = self.params, PhaseTimer()

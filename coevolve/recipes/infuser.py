@@ -199,6 +199,7 @@ class Infuser(GeneratorRecipe):
     name = "infuser"
     summary = ("document-grounded generator writes questions with its own answers, rewarded by the cosine between "
                "the AdamW-preconditioned solver update they cause and a dev-set gradient; DuGRPO / Dr.GRPO")
+    roles = ("generator", "solver")
     Params = InfuserParams
     fsdp_unsupported = "infuser's per-question influence gradients"
     formats = {
@@ -237,12 +238,8 @@ class Infuser(GeneratorRecipe):
 
     def __init__(self, config, params: InfuserParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
-        self.solver_policy = self.load_policy()
-        self.generator = self.generator_policy(self.solver_policy)
-        self.solver_trainer = self.make_trainer(self.solver_policy, "solver")
-        self.generator_trainer = self.make_trainer(self.generator, "generator")
-        self.style = self.solver_policy.prompt_style
+        self.solver_policy, self.generator = self.load_solver_and_generator("generator")
+        self.solver_trainer, self.generator_trainer = self.trainers()["solver"], self.trainers()["generator"]
         self.shows_document = self.generator_format.grounded  # the solver sees the document beside the question
         source = params.document_source or self.task.documents
         self.documents: DocumentPool = load_documents(
@@ -261,12 +258,6 @@ class Infuser(GeneratorRecipe):
             return super().data_sets(config, params)
         source = params.dev_source or "math"  # dev_set() leaves MATH-500 out of the MATH dev set
         return super().data_sets(config, params) + [source] + (["math500"] if source == "math" else [])
-
-    def trainers(self):
-        return {"generator": self.generator_trainer, "solver": self.solver_trainer}
-
-    def solver(self):
-        return self.solver_policy
 
     # --- Algorithm 1 --------------------------------------------------------------------------------------------
     def step(self, step: int) -> StepOutput:

@@ -78,7 +78,7 @@ from coevolve.rl.advantages import compute_advantages
 from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
-from coevolve.tasks.registry import Task, get_task
+from coevolve.tasks.registry import Task
 
 TERMS = ("sol", "len", "div", "fmt")  # the four components of score_novel (Eq. 5)
 
@@ -209,6 +209,7 @@ class Candidate:
 class OpenSIR(GeneratorRecipe):
     name = "opensir"
     summary = "one policy as teacher and student; pool-seeded problems; novelty = solvability+length+diversity+format"
+    roles = ("policy",)
     Params = OpenSIRParams
     formats = {
         "chat": GeneratorFormat(
@@ -250,14 +251,13 @@ class OpenSIR(GeneratorRecipe):
 
     def __init__(self, config, params: OpenSIRParams):
         super().__init__(config, params)
-        self.roles = "student" if config.frozen_generator else params.train_roles
-        self.task = get_task(config.task, data_dir=config.data_dir)
+        self.trained_roles = "student" if config.frozen_generator else params.train_roles
         self.policy = self.load_policy(self.generator_model())  # the model, or a format warm-up's
-        self.style, self.student = self.policy.prompt_style, STUDENT_WORLDS[self.world]
+        self.student = STUDENT_WORLDS[self.world]
         # Student-only ablation (§4.4): the teacher stays the policy frozen at its initial state.
         self.teacher = (Policy(self.policy.name, copy.deepcopy(self.policy.model), self.policy.tokenizer,
-                               self.policy.prompt_style) if self.roles == "student" else self.policy)
-        self.trainer = self.make_trainer(self.policy)
+                               self.policy.prompt_style) if self.trained_roles == "student" else self.policy)
+        self.trainer = self.make_trainer(self.policy, "policy")
         self.teacher_sampling = self.generator_sampling(self.sampling)
         self.n_selected = params.batch_size // (2 * params.group_size)  # B/(2G) per role
         self.n_groups = self.n_selected * params.teacher_upscale  # k
@@ -265,12 +265,6 @@ class OpenSIR(GeneratorRecipe):
         self.pool = ProblemPool([seed], concepts=[self.student.concepts(seed)])
         self.embed_texts = partial(embed, path=params.encoder)
         self.pool_embeddings = PoolEmbeddings(lambda texts: self.embed_texts(texts))
-
-    def trainers(self):
-        return {"policy": self.trainer}
-
-    def solver(self):
-        return self.policy
 
     def state_dict(self):
         return {"pool": self.pool.state_dict()}
@@ -404,9 +398,9 @@ class OpenSIR(GeneratorRecipe):
     def training_batch(self, d_t: list[Candidate], student_problems: list[Candidate]) -> list[TrainSample]:
         """D_T ∪ D_S, without the role an ablation leaves untrained."""
         samples = []
-        if self.roles in ("both", "teacher"):
+        if self.trained_roles in ("both", "teacher"):
             samples += train_samples([c.completion for c in d_t], [c.advantage for c in d_t], "generator")
-        if self.roles in ("both", "student"):
+        if self.trained_roles in ("both", "student"):
             samples += train_samples([s for c in student_problems for s in c.solutions],
                                      [a for c in student_problems for a in c.student_advantages], "solver")
         return samples

@@ -203,6 +203,7 @@ class PasoDoble(GeneratorRecipe):
     name = "pasodoble"
     summary = ("knowledge-grounded proposer writes questions with its own answers, rewarded by difficulty (1.1 - "
                "pass rate) + Jaccard diversity, gated; the solver learns to agree; online or offline")
+    roles = ("proposer", "solver")
     Params = PasoDobleParams
     formats = {"chat": CHAT_FORMAT, "arith": ARITH_FORMAT}
     defaults = {
@@ -247,12 +248,8 @@ class PasoDoble(GeneratorRecipe):
 
     def __init__(self, config, params: PasoDobleParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
-        self.solver_policy = self.load_policy()
-        self.proposer = self.generator_policy(self.solver_policy)
-        self.solver_trainer = self.make_trainer(self.solver_policy, "solver")
-        self.proposer_trainer = self.make_trainer(self.proposer, "proposer")
-        self.style = self.solver_policy.prompt_style
+        self.solver_policy, self.proposer = self.load_solver_and_generator("proposer")
+        self.solver_trainer, self.proposer_trainer = self.trainers()["solver"], self.trainers()["proposer"]
         self.knowledge: DocumentPool | None = None
         if params.knowledge:
             source = params.knowledge_source or self.task.documents
@@ -268,12 +265,6 @@ class PasoDoble(GeneratorRecipe):
         self.pointer = 0
         self.phase, self.phase_updates, self.skips = "proposer", 0, 0
         self.updates = 0  # successful updates so far (``max_updates``)
-
-    def trainers(self):
-        return {"proposer": self.proposer_trainer, "solver": self.solver_trainer}
-
-    def solver(self):
-        return self.solver_policy
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history.state_dict(), "buffer": [vars(b) for b in self.buffer],

@@ -39,7 +39,6 @@ from coevolve.formats import ANSWER, LINE, GeneratorFormat, arith_format, one_li
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
-from coevolve.models import Policy
 from coevolve.recipes.base import (
     PhaseTimer,
     StepOutput,
@@ -61,10 +60,9 @@ from coevolve.rewards.uncertainty import (
     uncertainty_reward,
 )
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
-from coevolve.rl.trainer import PolicyTrainer, RoleUpdate
+from coevolve.rl.trainer import RoleUpdate
 from coevolve.rollout import Completion, SamplingParams
 from coevolve.tasks import arith
-from coevolve.tasks.registry import get_task
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +259,7 @@ class RZero(GeneratorRecipe):
     name = "r_zero"
     summary = ("questioner and solver in alternating GRPO phases; uncertainty reward minus BLEU-cluster repetition "
                "penalty; majority-vote labels, pool band filter")
+    roles = ("questioner", "solver")
     Params = RZeroParams
     phased = True
     scores_questions = True
@@ -276,14 +275,10 @@ class RZero(GeneratorRecipe):
 
     def __init__(self, config, params: RZeroParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
-        solver = self.load_policy()  # S_0 = M_0
-        questioner = self.generator_policy(solver)  # Q_0 (a copy of M_0, or a format warm-up's model)
-        self.solver_trainer = self.make_trainer(solver, "solver")
-        self.questioner_trainer = self.make_trainer(questioner, "questioner")
-        self.solver_policy, self.questioner = solver, questioner
-        self.style = solver.prompt_style
-        self.question_prompt = self.generator_prompt(questioner)
+        # S_0 = M_0 and Q_0 (a copy of M_0, or a format warm-up's model)
+        self.solver_policy, self.questioner = self.load_solver_and_generator("questioner")
+        self.solver_trainer, self.questioner_trainer = self.trainers()["solver"], self.trainers()["questioner"]
+        self.question_prompt = self.generator_prompt(self.questioner)
         self.question_sampling = self.generator_sampling(replace(self.sampling,
                                                                  max_new_tokens=params.question_max_tokens))
         self.pool_sampling = replace(self.question_sampling, top_p=params.pool_top_p or self.sampling.top_p)
@@ -295,12 +290,6 @@ class RZero(GeneratorRecipe):
         self.period = params.questioner_steps + params.solver_steps
         self.pool: list[PoolItem] = []
         self.pool_iteration = 0  # the iteration whose pool ``self.pool`` is
-
-    def trainers(self) -> dict[str, PolicyTrainer]:
-        return {"questioner": self.questioner_trainer, "solver": self.solver_trainer}
-
-    def solver(self) -> Policy:
-        return self.solver_policy
 
     def state_dict(self) -> dict[str, Any]:
         return {"pool_iteration": self.pool_iteration, "pool": [vars(item) for item in self.pool]}

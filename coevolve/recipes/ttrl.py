@@ -37,7 +37,6 @@ from coevolve.config import RunConfig
 from coevolve.data.benchmarks import load_benchmark
 from coevolve.grading.equivalence import normalize_answer
 from coevolve.grading.vote import VoteResult
-from coevolve.models import Policy
 from coevolve.recipes.base import (
     ArithLevels,
     PhaseTimer,
@@ -53,7 +52,6 @@ from coevolve.recipes.base import (
 from coevolve.records import solver_row
 from coevolve.rewards.majority import agreement_rewards, seeded_vote, vote_margin
 from coevolve.rl.advantages import compute_advantages
-from coevolve.rl.trainer import PolicyTrainer
 from coevolve.rollout import Completion
 from coevolve.tasks.registry import Problem, Task, TaskDataError, get_task
 
@@ -148,9 +146,8 @@ class TTRL(Recipe):
 
     def __init__(self, config, params: TTRLParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
         self.policy = self.load_policy()
-        self.trainer = self.make_trainer(self.policy)
+        self.trainer = self.make_trainer(self.policy, "solver")
         self.pool = build_pool(config, params, self.task)
         self.vote_equivalence = self.task.vote_equivalence  # exact for integers, math-verify for math
         self.last_label: dict[str, str | None] = {}  # question id -> its majority answer when last voted on
@@ -170,12 +167,6 @@ class TTRL(Recipe):
         else:
             extra = [params.pool_source]
         return super().data_sets(config, params) + extra
-
-    def trainers(self) -> dict[str, PolicyTrainer]:
-        return {"solver": self.trainer}
-
-    def solver(self) -> Policy:
-        return self.policy
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_label": dict(self.last_label)}
