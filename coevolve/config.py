@@ -29,6 +29,13 @@ _SHORT = reprlib.Repr()  # the offending value in an error line, cut short
 _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 80, 80
 
 
+# Settings the trainer's UpdateSettings shares with the config (coevolve.rl.trainer types its fields with these)
+LrSchedule = Literal["constant", "cosine"]
+OptimizerReset = Literal["never", "phase"]
+LossAgg = Literal["seq_mean", "token_sum_norm", "token_mean"]
+Precision = Literal["auto", "fp32", "bf16"]  # auto: bf16 on a CUDA device that has it, fp32 otherwise
+
+
 class ConfigError(ValueError):
     """A config that cannot be used; the message is one line naming the offending key."""
 
@@ -67,7 +74,7 @@ class SamplingConfig(Strict):
     top_k: int = Field(0, ge=0)
     max_new_tokens: int = Field(64, gt=0)
     batch_size: int = Field(64, gt=0, description="hf engine: prompts per forward pass while sampling")
-    dtype: Literal["auto", "fp32", "bf16"] = Field(
+    dtype: Precision = Field(
         "auto", description="hf engine: bf16 samples from a bf16 copy of the weights (refreshed after each update, "
         "LoRA merged) with the static decoder; fp32 from the trainer's own weights; auto: bf16 on a CUDA device "
         "that has it, fp32 otherwise")
@@ -107,7 +114,7 @@ class TrainConfig(Strict):
     clip_high: float = Field(0.2, ge=0)
     dual_clip: float | None = Field(None, gt=1, description="dual-clip PPO: the loss of a token with A < 0 is capped "
                                     "at -c * A (verl's clip_ratio_c, 3.0 in R-Zero's and Prism's code); unset: off")
-    lr_schedule: Literal["constant", "cosine"] = Field(
+    lr_schedule: LrSchedule = Field(
         "constant", description="cosine: within each phase of a recipe with phases (r_zero, prism), linear warm-up "
         "over lr_warmup_ratio of the phase's steps, then cosine decay from lr towards lr_min_ratio * lr (verl's "
         "schedule over a job of the phase's steps)")
@@ -115,17 +122,17 @@ class TrainConfig(Strict):
                                    "warm up linearly from 0")
     lr_min_ratio: float = Field(0.0, ge=0, le=1, description="lr_schedule cosine: the lr at a phase's last step, as "
                                 "a share of lr")
-    optimizer_reset: Literal["never", "phase"] = Field(
+    optimizer_reset: OptimizerReset = Field(
         "never", description="phase: a fresh AdamW (moments and step counts cleared) at the start of each of a role's "
         "phases (recipes with phases), as when each phase is a new training job; never: AdamW state carries over")
     tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap; default 2.0 when "
                                   "rollouts are not sampled from the trained weights (vllm, a bf16 sampler copy, "
                                   "constrained decoding), off otherwise")
     kl_beta: float = Field(0.0, ge=0)
-    loss_agg: Literal["seq_mean", "token_sum_norm", "token_mean"] = "seq_mean"
+    loss_agg: LossAgg = "seq_mean"
     norm_constant: int | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
     lora: LoraSettings | None = None
-    dtype: Literal["auto", "fp32", "bf16"] = Field(
+    dtype: Precision = Field(
         "auto", description="bf16: mixed precision (bf16 autocast for forward and backward, fp32 weights and AdamW "
         "state); auto: bf16 on a CUDA device that has it, fp32 otherwise")
     gradient_checkpointing: bool | None = Field(None, description="recompute activations in the backward pass "
@@ -137,6 +144,17 @@ class TrainConfig(Strict):
     fsdp: bool = Field(False, description="shard each role's weights, gradients and AdamW state over the processes "
                        "(torch FSDP2), for a model whose training state does not fit one device; needs several "
                        "processes")
+
+
+class RoleSettings(Strict):
+    """One role's own update settings (``roles.<role>``, e.g. ``roles.questioner.epochs``); an unset field keeps the
+    run's ``train`` value. The roles are the recipe's (``coevolve recipes``; R-Zero's questioner and solver)."""
+
+    lr: float | None = Field(None, gt=0)
+    mini_batch_size: int | None = Field(None, ge=0, description="sequences per AdamW step (0: the whole batch)")
+    epochs: int | None = Field(None, gt=0, description="passes over the role's rollout batch")
+    lr_schedule: LrSchedule | None = Field(None, description="the role's lr over each of its phases")
+    optimizer_reset: OptimizerReset | None = Field(None, description="a fresh AdamW at each of the role's phases")
 
 
 class RunConfig(Strict):
@@ -153,6 +171,8 @@ class RunConfig(Strict):
                                                    "with several processes), else CPU")
     rollout: SamplingConfig = SamplingConfig()
     train: TrainConfig = TrainConfig()
+    roles: dict[str, RoleSettings] = Field({}, description="per-role update settings over train.* (roles.<role>.lr, "
+                                           "mini_batch_size, epochs, lr_schedule, optimizer_reset)")
     eval_every: int = Field(10, ge=0, description="evaluate every N steps (0 = only at start and end)")
     eval_sets: list[str] | None = Field(None, description="default: the task's sets (arith: levels 1-6)")
     eval_limit: int | None = Field(200, gt=0, description="questions per evaluation set")
@@ -286,8 +306,10 @@ def _first_error(exc: ValidationError, prefix: str = "", renamed: Mapping[str, s
     return f"config key '{key}': {err['msg'].removeprefix('Value error, ')} (got {_SHORT.repr(err.get('input'))})"
 
 
-def validate(raw: Mapping[str, Any], params_model: type[BaseModel]) -> tuple[RunConfig, BaseModel]:
-    """Validate a merged config and its recipe ``params`` section; raise ConfigError on the first problem."""
+def validate(raw: Mapping[str, Any], params_model: type[BaseModel],
+             renamed: Mapping[str, str] | None = None) -> tuple[RunConfig, BaseModel]:
+    """Validate a merged config and its recipe ``params`` section; raise ConfigError on the first problem (a params
+    key in ``renamed`` is named with where it went)."""
     try:
         config = RunConfig.model_validate(dict(raw))
     except ValidationError as exc:
@@ -295,7 +317,7 @@ def validate(raw: Mapping[str, Any], params_model: type[BaseModel]) -> tuple[Run
     try:
         params = params_model.model_validate(config.params)
     except ValidationError as exc:
-        raise ConfigError(_first_error(exc, "params.", getattr(params_model, "renamed", None))) from None
+        raise ConfigError(_first_error(exc, "params.", renamed)) from None
     config.params = params.model_dump(mode="json")
     return config, params
 

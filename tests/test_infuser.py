@@ -29,7 +29,7 @@ def make_recipe(model_dir, *sets):
     config, params, cls = resolve("infuser", preset="small", sets=[
         f"model={model_dir}", "eval_sets=[]", "params.documents_per_step=3", "params.group_size=4",
         "params.dev_size=4", "rollout.max_new_tokens=6", "params.generator_max_tokens=6", "train.lr=1e-2",
-        "params.generator_lr=1e-2", "params.rho_inv=-0.5", *sets])
+        "roles.generator.lr=1e-2", "params.rho_inv=-0.5", *sets])
     recipe = cls(config, params)
     # The random model writes neither questions nor answers: read about two outputs in three as the question "a+b"
     # with key "1", and a solver answer as the parity of its characters' code sum, so groups have variance. (The

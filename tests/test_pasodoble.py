@@ -166,7 +166,7 @@ def test_sequential_history_takes_every_proposal(random_model_dir):
 
 def test_max_updates_counts_updates_not_iterations(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_low=0",
-                         "params.max_updates=1", "params.solver_mini_batch_size=5", "params.solver_epochs=2")
+                         "params.max_updates=1", "roles.solver.mini_batch_size=5", "roles.solver.epochs=2")
     recipe.read_generation = posing(None)  # nothing posed: the iteration is skipped and does not count
     out = recipe.step(1)
     assert out.metrics["skipped"] == 1.0 and out.metrics["updates"] == 0.0

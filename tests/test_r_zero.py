@@ -265,8 +265,8 @@ def test_presets_resolve():
 
 
 def test_optimizer_steps_per_role_follow_mini_batches_and_epochs(random_model_dir):
-    recipe, _ = make("r_zero", random_model_dir, "params.questioner_mini_batch_size=1", "params.questioner_epochs=2",
-                     "params.solver_mini_batch_size=3", "params.solver_epochs=3", "params.pool_size=4")
+    recipe, _ = make("r_zero", random_model_dir, "roles.questioner.mini_batch_size=1", "roles.questioner.epochs=2",
+                     "roles.solver.mini_batch_size=3", "roles.solver.epochs=3", "params.pool_size=4")
     stub_questions(recipe, ["1+2", "2+2", "3+3", "4+4"])
     stub_labels(recipe, [["1", "1", "2", "3"]] * 100)  # p = 1/2 everywhere: in the band, every pool question kept
     out = recipe.step(1)  # 2 prompts x 2 outputs = 4 sequences, one per AdamW step, 2 epochs
@@ -278,7 +278,7 @@ def test_optimizer_steps_per_role_follow_mini_batches_and_epochs(random_model_di
 
 def test_unset_role_settings_are_the_runs_train_settings(random_model_dir):
     recipe, _ = make("r_zero", random_model_dir, "train.mini_batch_size=5", "train.epochs=3",
-                     "params.solver_epochs=1")
+                     "roles.solver.epochs=1")
     assert (recipe.questioner_trainer.settings.mini_batch_size, recipe.questioner_trainer.settings.epochs) == (5, 3)
     assert (recipe.solver_trainer.settings.mini_batch_size, recipe.solver_trainer.settings.epochs) == (5, 1)
 

@@ -70,8 +70,8 @@ def test_r_zero_solver_phases_start_a_fresh_adamw_and_follow_the_schedule(random
     """Steps 3-4 and 7-8 are the solver's phases (2 + 2 steps per iteration): its AdamW step count restarts at the
     second phase only with ``phase``; the cosine lr is at 55% of the peak at the phase's second step."""
     for reset, count in (("phase", 1), ("never", 3)):
-        recipe, _ = make("r_zero", random_model_dir, "params.pool_size=4", f"params.solver_optimizer_reset={reset}",
-                         "params.solver_lr_schedule=cosine", "train.lr_min_ratio=0.1", "train.lr=1e-3")
+        recipe, _ = make("r_zero", random_model_dir, "params.pool_size=4", f"roles.solver.optimizer_reset={reset}",
+                         "roles.solver.lr_schedule=cosine", "train.lr_min_ratio=0.1", "train.lr=1e-3")
         stub_questions(recipe, ["1+2", "2+2", "3+3", "4+4"])
         stub_labels(recipe, [["1", "1", "2", "3"]] * 100)  # p = 1/2: every pool question kept
         opt = recipe.solver_trainer.optimizer

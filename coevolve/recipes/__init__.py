@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from coevolve.config import (
     MAX_CONFIG_BYTES,
     ConfigError,
+    RoleSettings,
     RunConfig,
     deep_merge,
     load_yaml,
@@ -44,7 +45,8 @@ def default_eval_sets(task: str) -> list[str]:
 
 def _finish(raw: dict[str, Any], recipe_name: str) -> tuple[RunConfig, RecipeParams, type[Recipe]]:
     cls = RECIPES[recipe_name]
-    config, params = validate(raw, cls.Params)
+    moved = {f"{role}_{key}": f"roles.{role}.{key}" for role in cls.roles for key in RoleSettings.model_fields}
+    config, params = validate(raw, cls.Params, renamed={**moved, **cls.Params.renamed})
     if config.eval_sets is None:
         config.eval_sets = default_eval_sets(config.task)
     cls.check_settings(config, params)

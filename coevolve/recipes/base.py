@@ -17,11 +17,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from coevolve import distributed
-from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, ConfigError, RunConfig
+from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, ConfigError, RoleSettings, RunConfig
 from coevolve.models import Policy, load_policy
 from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency
-from coevolve.rl.trainer import PolicyTrainer, RoleUpdate, TrainSample, update_settings
+from coevolve.rl.trainer import PolicyTrainer, TrainSample, update_settings
 from coevolve.rollout import Completion, RolloutEngine, SamplingParams, make_engine, weights_version
 from coevolve.tasks.registry import Task, get_task
 
@@ -34,10 +34,6 @@ class RecipeParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     renamed: ClassVar[dict[str, str]] = {}
-
-    def role_updates(self) -> dict[str, RoleUpdate]:
-        """Each role's own update settings by role name; a role not named trains with the run's ``train``."""
-        return {}
 
 
 ArithLevels = Annotated[list[Literal[1, 2, 3, 4, 5, 6]], Field(min_length=1)]  # levels of the arith world
@@ -140,15 +136,17 @@ class Recipe:
         if config.rollout.scoring.model_dump(exclude_none=True) and not cls.scores_questions:
             raise ConfigError(f"config key 'rollout.scoring': {cls.name} has no votes that score or label questions; "
                               f"only {recipes_where('scores_questions')} sample them")
+        unknown = sorted(set(config.roles) - set(cls.roles))
+        if unknown:
+            raise ConfigError(f"config key 'roles.{unknown[0]}': {cls.name} has no role {unknown[0]!r} (its roles: "
+                              f"{', '.join(cls.roles)})")
         if not cls.phased:
-            for update in (RoleUpdate(), *params.role_updates().values()):
-                for key, value, plain in (("train.lr_schedule", update.lr_schedule or config.train.lr_schedule,
-                                           "constant"),
-                                          ("train.optimizer_reset",
-                                           update.optimizer_reset or config.train.optimizer_reset, "never")):
-                    if value != plain:
-                        raise ConfigError(f"config key '{key}': {cls.name} has no phases; only recipes with phases "
-                                          f"({recipes_where('phased')}) schedule the lr or reset AdamW per phase")
+            for where, settings in (("train", config.train), *((f"roles.{r}", s) for r, s in config.roles.items())):
+                for key, plain in (("lr_schedule", "constant"), ("optimizer_reset", "never")):
+                    if getattr(settings, key) not in (None, plain):
+                        raise ConfigError(f"config key '{where}.{key}': {cls.name} has no phases; only recipes with "
+                                          f"phases ({recipes_where('phased')}) schedule the lr or reset AdamW per "
+                                          f"phase")
 
     @classmethod
     def check_inputs(cls, config: RunConfig, params: RecipeParams) -> None:
@@ -178,7 +176,7 @@ class Recipe:
 
     def make_trainer(self, policy: Policy, role: str) -> PolicyTrainer:
         """A trainer for ``policy`` in ``role`` (one of ``roles``), with the run's ``train`` settings and the role's
-        own (``params.role_updates``); the role's policy and trainer are what :meth:`trainers` and :meth:`solver`
+        own (:meth:`role_settings`); the role's policy and trainer are what :meth:`trainers` and :meth:`solver`
         return."""
         if role not in self.roles or role in self._role_policies:
             raise ValueError(f"{self.name}: role {role!r} is not one of {self.roles} or has a trainer already")
@@ -190,11 +188,11 @@ class Recipe:
         tis_cap = train.tis_cap if train.tis_cap is not None or not self._bf16(self.config.rollout.dtype) \
             else DEFAULT_TIS_CAP
         settings = update_settings(
-            train, micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda), tis_cap=tis_cap,
+            train, self.role_settings(role), micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda),
+            tis_cap=tis_cap,
             norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature, dtype="bf16" if bf16 else "fp32",
             gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing)
-        settings = self.params.role_updates().get(role, RoleUpdate()).apply(settings)
         try:
             trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
         except ValueError as exc:  # peft: a target module the model does not have
@@ -207,6 +205,10 @@ class Recipe:
         if self._residency is not None:
             self._residency.register(trainer)
         return trainer
+
+    def role_settings(self, role: str) -> RoleSettings | None:
+        """``role``'s own update settings over the run's ``train`` (``roles.<role>``), or None."""
+        return self.config.roles.get(role)
 
     def _micro_batch_tokens(self, policy: Policy, on_cuda: bool) -> int | None:
         """``train.micro_batch_tokens``; unset, ``GPU_MICRO_BATCH_TOKENS`` on a GPU for a model whose log-prob head
@@ -266,9 +268,9 @@ class Recipe:
         return [(group, [self.task.parse_answer(c.text, policy.prompt_style) for c in group]) for group in groups]
 
 
-def train_samples(completions: Sequence[Completion], advantages: Sequence[float], role: str) -> list[TrainSample]:
+def train_samples(completions: Sequence[Completion], advantages: Sequence[float]) -> list[TrainSample]:
     """Pair each completion with its advantage for the policy update."""
-    return [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float(a), role)
+    return [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float(a))
             for c, a in zip(completions, advantages)]
 
 

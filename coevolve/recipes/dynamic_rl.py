@@ -253,9 +253,9 @@ class DynamicRL(GeneratorRecipe):
         (exact when one optimizer step takes the whole batch, as in the paper). A frozen generator is not trained.
         """
         generator = [] if self.config.frozen_generator else train_samples(
-            [q.output for q in questions], [q.advantage for q in questions], "generator")
+            [q.output for q in questions], [q.advantage for q in questions])
         solver = train_samples([s for q in questions for s in q.solutions],
-                               [a for q in questions for a in q.solution_advantages], "solver")
+                               [a for q in questions for a in q.solution_advantages])
         if self.params.loss_terms == "separate":
             total = len(generator) + len(solver)
             for part in (generator, solver):

@@ -90,7 +90,7 @@ class GRPO(Recipe):
                     else [True] * len(rewards))
         with timer("update_solver"):
             stats = self.trainer.update(train_samples([c for c, k in zip(completions, keep) if k],
-                                                      [a for a, k in zip(advantages, keep) if k], "solver"))
+                                                      [a for a, k in zip(advantages, keep) if k]))
         records = [solver_row(
             step, None, "solve", c, question=problems[g].question, question_id=f"s{step}-q{g}", answer=a,
             label=problems[g].answer, label_source="ground_truth", solve_rate=None, reward=r,

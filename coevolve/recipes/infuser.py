@@ -34,6 +34,7 @@ import numpy as np
 from pydantic import Field
 from scipy.stats import spearmanr
 
+from coevolve.config import RoleSettings
 from coevolve.documents import DocumentPool, check_document_source, dev_set, load_documents, tokenizer_counter
 from coevolve.formats import GeneratorFormat, arith_format, one_line
 from coevolve.grading.extract import braces_balanced, tag_blocks
@@ -52,7 +53,7 @@ from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
 from coevolve.records import generator_row, solver_row
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
 from coevolve.rl.influence import DevGradient, dev_gradient, influence_scores, one_step_dev_gains
-from coevolve.rl.trainer import RoleUpdate, TrainSample
+from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
 from coevolve.tasks.registry import Problem, get_task
@@ -83,8 +84,9 @@ _PAPER_SCALE = {
     "train": {"lr": 2e-6, "weight_decay": 0.01, "grad_clip": 1.0, "clip_low": 0.2, "clip_high": 0.2, "tis_cap": 2.0,
               "kl_beta": 0.0, "epochs": 1, "micro_batch_size": 4, "loss_agg": "token_sum_norm"},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 8192,
+    "roles": {"generator": {"lr": 4e-6}},  # η_gen (the solver's is train.lr)
     "params": {"documents_per_step": 128, "group_size": 8, "dev_size": 800, "minibatch_prompts": 32,
-               "generator_lr": 4e-6, "generator_max_tokens": 8192, "document_source": "openstax"},
+               "generator_max_tokens": 8192, "document_source": "openstax"},
 }
 
 
@@ -153,16 +155,10 @@ class InfuserParams(GeneratorParams):
     document_min_tokens: int = Field(200, gt=0, description="T_min of a chunk")
     document_max_tokens: int = Field(2048, gt=0, description="T_max of a chunk")
     document_pool_size: int | None = Field(None, gt=0, description="keep a seeded subset of this many chunks")
-    generator_lr: float = Field(4e-6, ge=0, description="η_gen (the solver's is train.lr)")
     generator_max_tokens: int = Field(64, gt=0, description="generator response budget (paper: 8192)")
     rho_inv: float = Field(0.0, description="reward of an invalid generation")
     influence: Literal["preconditioned_cosine", "sgd_cosine"] = "preconditioned_cosine"
     generator_advantage: Literal["dugrpo", "grpo", "batch_norm"] = "dugrpo"
-
-    def role_updates(self) -> dict[str, RoleUpdate]:
-        sequences = self.minibatch_prompts * self.group_size  # M prompts x n per AdamW step
-        return {"solver": RoleUpdate(mini_batch_size=sequences),
-                "generator": RoleUpdate(mini_batch_size=sequences, lr=self.generator_lr)}
 
 
 @dataclass
@@ -216,19 +212,27 @@ class Infuser(GeneratorRecipe):
         "rollout": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64},
         "train": {"lr": 2e-6, "weight_decay": 0.01, "grad_clip": 1.0, "tis_cap": 2.0, "kl_beta": 0.0,
                   "loss_agg": "token_sum_norm"},
+        "roles": {"generator": {"lr": 4e-6}},  # η_gen (the solver's is train.lr)
     }
     presets = {
         "small": {  # tiny-arith, fact sheets, dev 128 x 8: ~6 s a step on one core, ~5 s of it Phase 1
             "model": "tiny-arith", "task": "arith", "steps": 200, "eval_every": 50,
             "rollout": {"temperature": 1.0, "max_new_tokens": 96, "batch_size": 256},
-            "train": {"lr": 3e-5, "micro_batch_size": 16},
+            "train": {"lr": 3e-5, "micro_batch_size": 16}, "roles": {"generator": {"lr": 3e-5}},
             "params": {"documents_per_step": 8, "group_size": 4, "dev_size": 128, "dev_rollouts": 8,
-                       "dev_levels": [1, 2, 3, 4], "minibatch_prompts": 8, "generator_lr": 3e-5,
+                       "dev_levels": [1, 2, 3, 4], "minibatch_prompts": 8,
                        "generator_max_tokens": 96, "document_source": "arith", "validity_every": 20},
         },
         "paper": _PAPER_SCALE,
         "reference_code": {**_PAPER_SCALE, "train": {**_PAPER_SCALE["train"], "loss_agg": "token_mean"}},
     }
+
+    def role_settings(self, role: str) -> RoleSettings:
+        """Both roles take an AdamW step every M prompts x n (the paper's mini-batch), unless ``roles.<role>`` says."""
+        own = super().role_settings(role) or RoleSettings()
+        if own.mini_batch_size is not None:
+            return own
+        return own.model_copy(update={"mini_batch_size": self.params.minibatch_prompts * self.params.group_size})
 
     @classmethod
     def check_inputs(cls, config, params: InfuserParams) -> None:
@@ -315,7 +319,7 @@ class Infuser(GeneratorRecipe):
         for i, (group, r) in enumerate(self.dev_rollouts_of(step_seed(seed, step, "dev"))):
             rewards += r
             if len(set(r)) > 1:
-                halves[i in second].extend(train_samples(group, compute_advantages("dr_grpo", r, [0] * len(r)), "solver"))
+                halves[i in second].extend(train_samples(group, compute_advantages("dr_grpo", r, [0] * len(r))))
         samples = halves[0] + halves[1]
         stats = {"dev/reward_mean": mean(rewards), "dev/groups_kept": float(len(samples) // self.dev_rollouts)}
         if not samples:
@@ -337,7 +341,7 @@ class Infuser(GeneratorRecipe):
         fresh dev rollouts (``validity_spearman``: the actual change, its noise independent of ĝ_dev's) and on
         Phase 1's (``validity_spearman_same_rollouts``: how well the first-order term predicts the step)."""
         fresh = [s for group, r in self.dev_rollouts_of(step_seed(self.config.seed, step, "dev_validity"))
-                 if len(set(r)) > 1 for s in train_samples(group, compute_advantages("dr_grpo", r, [0] * len(r)), "solver")]
+                 if len(set(r)) > 1 for s in train_samples(group, compute_advantages("dr_grpo", r, [0] * len(r)))]
         questions, scores = [self.solver_samples([x]) for x in retained], [x.influence for x in retained]
         total = len(self.dev) * self.dev_rollouts
         gains = one_step_dev_gains(self.solver_trainer, questions, fresh, total) if fresh else []
@@ -362,7 +366,7 @@ class Infuser(GeneratorRecipe):
 
     def solver_samples(self, questions: list[Generated]) -> list[TrainSample]:
         return train_samples([c for x in questions for c in x.solutions],
-                             [a for x in questions for a in x.solver_advantages], "solver")
+                             [a for x in questions for a in x.solver_advantages])
 
     def update_generator(self, generated: list[Generated]) -> dict[str, float]:
         """Phase 5: DuGRPO (or an ablation's normaliser) per document, zero-variance documents dropped."""
@@ -374,7 +378,7 @@ class Infuser(GeneratorRecipe):
             x.advantage, x.in_update = float(a), bool(k)
         chosen = [x for x in generated if x.in_update]
         stats = role_metrics("generator", self.generator_trainer.update(
-            train_samples([x.output for x in chosen], [x.advantage for x in chosen], "generator")))
+            train_samples([x.output for x in chosen], [x.advantage for x in chosen])))
         stds = [float(np.std([x.reward for x in generated if x.group == g], ddof=1))
                 for g in sorted({x.group for x in chosen})]
         stats.update({"generator/documents_kept": float(len(stds)), "generator/sigma_B": mean(stds),

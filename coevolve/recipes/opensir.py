@@ -399,10 +399,10 @@ class OpenSIR(GeneratorRecipe):
         """D_T ∪ D_S, without the role an ablation leaves untrained."""
         samples = []
         if self.trained_roles in ("both", "teacher"):
-            samples += train_samples([c.completion for c in d_t], [c.advantage for c in d_t], "generator")
+            samples += train_samples([c.completion for c in d_t], [c.advantage for c in d_t])
         if self.trained_roles in ("both", "student"):
             samples += train_samples([s for c in student_problems for s in c.solutions],
-                                     [a for c in student_problems for a in c.student_advantages], "solver")
+                                     [a for c in student_problems for a in c.student_advantages])
         return samples
 
     # --- records and metrics ----------------------------------------------------------------------

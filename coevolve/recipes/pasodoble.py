@@ -53,7 +53,6 @@ from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
 from coevolve.records import generator_row, solver_row
 from coevolve.rewards.pasodoble import DiversityGate, JaccardHistory, LeakMode, leaks_answer, proposer_reward
 from coevolve.rl.advantages import compute_advantages
-from coevolve.rl.trainer import RoleUpdate
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
 from coevolve.tasks.registry import get_task
@@ -85,8 +84,8 @@ _PAPER_SCALE = {
     "rollout": {"temperature": 0.6, "top_p": 1.0, "max_new_tokens": 6144},
     "train": {"lr": 1e-6, "kl_beta": 0.0, "grad_clip": 1.0, "micro_batch_size": 2},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 6144,
-    "params": {"proposer_max_tokens": 6144, "knowledge_source": "openstax", "proposer_mini_batch_size": 0,
-               "proposer_epochs": 1, "solver_mini_batch_size": 0, "solver_epochs": 1},
+    "roles": {"proposer": {"mini_batch_size": 0, "epochs": 1}, "solver": {"mini_batch_size": 0, "epochs": 1}},
+    "params": {"proposer_max_tokens": 6144, "knowledge_source": "openstax"},
 }
 
 
@@ -130,16 +129,6 @@ class PasoDobleParams(GeneratorParams):
                                                             "unset: none")
     skip_zero_advantages: bool = Field(False, description="also skip a step whose Proposer advantages are all 0 "
                                        "(released code); Algorithms 1-2 skip only when no question is retained")
-    proposer_mini_batch_size: int | None = Field(
-        None, ge=0, description="sequences per Proposer AdamW step (0: the whole batch; unset: train.*)")
-    proposer_epochs: int | None = Field(None, gt=0, description="passes over a Proposer batch (unset: train.*)")
-    solver_mini_batch_size: int | None = Field(
-        None, ge=0, description="sequences per Solver AdamW step (0: the whole batch; unset: train.*)")
-    solver_epochs: int | None = Field(None, gt=0, description="passes over a Solver batch (unset: train.*)")
-
-    def role_updates(self) -> dict[str, RoleUpdate]:
-        return {"proposer": RoleUpdate(self.proposer_mini_batch_size, self.proposer_epochs),
-                "solver": RoleUpdate(self.solver_mini_batch_size, self.solver_epochs)}
 
 
 @dataclass
@@ -235,7 +224,8 @@ class PasoDoble(GeneratorRecipe):
             **_PAPER_SCALE, "steps": 2000,
             "train": {**_PAPER_SCALE["train"], "loss_agg": "token_sum_norm", "norm_constant": 6144},
             "params": {**_PAPER_SCALE["params"], "tau_sim": 0.8, "diversity_gate": "gt", "history_update": "snapshot",
-                       "leak_filter": "raw", "solver_mini_batch_size": 2, "skip_zero_advantages": True},
+                       "leak_filter": "raw", "skip_zero_advantages": True},
+            "roles": {**_PAPER_SCALE["roles"], "solver": {"mini_batch_size": 2, "epochs": 1}},
         },
     }
 
@@ -459,14 +449,14 @@ class PasoDoble(GeneratorRecipe):
         """GRPO on all I proposals per passage (skipped for the frozen-Proposer ablation)."""
         if self.config.frozen_generator:
             return {}
-        samples = train_samples([x.output for x in proposals], [x.advantage for x in proposals], "proposer")
+        samples = train_samples([x.output for x in proposals], [x.advantage for x in proposals])
         return {**role_metrics("proposer", self.proposer_trainer.update(samples)),
                 "generator/advantage_abs_mean": mean([abs(x.advantage) for x in proposals])}
 
     def update_solver(self, questions: list[Proposal]) -> dict[str, float]:
         """GRPO on the J solutions of each retained question."""
         advantages = [a for x in questions for a in x.solver_advantages]
-        samples = train_samples([s for x in questions for s in x.solutions], advantages, "solver")
+        samples = train_samples([s for x in questions for s in x.solutions], advantages)
         return {**role_metrics("solver", self.solver_trainer.update(samples)),
                 "solver/advantage_abs_mean": mean([abs(a) for a in advantages])}
 

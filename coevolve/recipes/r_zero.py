@@ -60,7 +60,6 @@ from coevolve.rewards.uncertainty import (
     uncertainty_reward,
 )
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
-from coevolve.rl.trainer import RoleUpdate
 from coevolve.rollout import Completion, SamplingParams
 from coevolve.tasks import arith
 
@@ -97,20 +96,20 @@ _SMALL_TRAIN = {k: v for k, v in _CODE_OPTIMIZER.items() if k != "lr_min_ratio"}
 # The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU). Sampling as in both codes:
 # training rollouts of either role at top_p 0.99 and up to 4,096 tokens, the solver's scoring and labelling votes at
 # top_k 40 (rollout.scoring), the questioner's pool at top_p 0.95 (params.pool_top_p).
+# Prism's scripts (verl; issue 11): per questioner step 512 prompts x 4 outputs in mini-batches of 16
+# prompts, per solver step 512 questions x 8 rollouts in mini-batches of 128 questions, 2 PPO epochs each.
+_PRISM_ROLES = {"questioner": {"mini_batch_size": 16 * 4, "epochs": 2},
+                "solver": {"mini_batch_size": 128 * 8, "epochs": 2, "lr_schedule": "cosine"}}
 _PAPER_SCALE = {
-    "model": "smollm2-135m", "task": "math", "steps": 104, "eval_every": 26,
+    "model": "smollm2-135m", "task": "math", "steps": 104, "eval_every": 26, "roles": _PRISM_ROLES,
     "rollout": {"temperature": 1.0, "top_p": 0.99, "top_k": 0, "max_new_tokens": 4096, "batch_size": 64,
                 "scoring": {"top_p": 1.0, "top_k": 40}},
     "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4, **_CODE_OPTIMIZER},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 1024,
 }
-# Prism's scripts (verl; issue 11): per questioner step 512 prompts x 4 outputs in mini-batches of 16
-# prompts, per solver step 512 questions x 8 rollouts in mini-batches of 128 questions, 2 PPO epochs each.
-_PRISM_STEPS = {"questioner_mini_batch_size": 16 * 4, "questioner_epochs": 2,
-                "solver_mini_batch_size": 128 * 8, "solver_epochs": 2, "solver_lr_schedule": "cosine"}
 _PAPER_PARAMS = {"questioner_prompts": 512, "questioner_group": 4, "score_samples": 10, "pool_size": 8000,
                  "label_samples": 8, "solver_questions": 512, "solver_group": 8, "question_max_tokens": 4096,
-                 "pool_top_p": 0.95, "label_max_tokens": 2048, **_PRISM_STEPS}
+                 "pool_top_p": 0.95, "label_max_tokens": 2048}
 # Prism's released code where it differs from its paper (both recipes).
 _PRISM_CODE = {
     **_PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
@@ -127,8 +126,9 @@ _RZERO_CODE = {
                "score_samples": 10, "pool_size": 8000, "label_samples": 9, "band": [0.3, 0.8],
                "pool_p_denominator": "all", "solver_questions": 512, "solver_group": 5, "reward_form": "code",
                "solver_format_weight": 0.1, "advantage": "grpo", "filter_prove": False, "question_max_tokens": 4096,
-               "pool_top_p": 0.95, "questioner_mini_batch_size": 16 * 4, "questioner_epochs": 1,
-               "solver_mini_batch_size": 128 * 5, "solver_epochs": 1},
+               "pool_top_p": 0.95},
+    "roles": {"questioner": {"mini_batch_size": 16 * 4, "epochs": 1}, "solver": {"mini_batch_size": 128 * 5,
+                                                                                 "epochs": 1}},
 }
 
 
@@ -163,20 +163,6 @@ class RZeroParams(GeneratorParams):
                                      "(codes: 0.95; unset: rollout.top_p, as its training rollouts)")
     label_max_tokens: int | None = Field(None, gt=0, description="budget of the solver's pool-label votes (Prism's "
                                          "code: 2048; unset: rollout.scoring's, as its scoring votes)")
-    questioner_mini_batch_size: int | None = Field(
-        None, ge=0, description="sequences per questioner AdamW step (0: the whole batch; unset: train.*)")
-    questioner_epochs: int | None = Field(None, gt=0, description="passes over a questioner batch (unset: train.*)")
-    solver_mini_batch_size: int | None = Field(
-        None, ge=0, description="sequences per solver AdamW step (0: the whole batch; unset: train.*)")
-    solver_epochs: int | None = Field(None, gt=0, description="passes over a solver batch (unset: train.*)")
-    questioner_optimizer_reset: Literal["never", "phase"] | None = Field(
-        None, description="a fresh questioner AdamW at each questioner phase (unset: train.optimizer_reset)")
-    solver_optimizer_reset: Literal["never", "phase"] | None = Field(
-        None, description="a fresh solver AdamW at each solver phase (unset: train.optimizer_reset)")
-    questioner_lr_schedule: Literal["constant", "cosine"] | None = Field(
-        None, description="the questioner's lr over each of its phases (unset: train.lr_schedule)")
-    solver_lr_schedule: Literal["constant", "cosine"] | None = Field(
-        None, description="the solver's lr over each of its phases (unset: train.lr_schedule)")
 
     @model_validator(mode="after")
     def _check(self) -> RZeroParams:
@@ -185,13 +171,6 @@ class RZeroParams(GeneratorParams):
         if self.questioner_steps + self.solver_steps == 0:
             raise ValueError("an iteration needs at least one step")
         return self
-
-    def role_updates(self) -> dict[str, RoleUpdate]:
-        return {"questioner": RoleUpdate(self.questioner_mini_batch_size, self.questioner_epochs,
-                                         lr_schedule=self.questioner_lr_schedule,
-                                         optimizer_reset=self.questioner_optimizer_reset),
-                "solver": RoleUpdate(self.solver_mini_batch_size, self.solver_epochs,
-                                     lr_schedule=self.solver_lr_schedule, optimizer_reset=self.solver_optimizer_reset)}
 
 
 @dataclass
@@ -335,7 +314,7 @@ class RZero(GeneratorRecipe):
         if not self.config.frozen_generator:
             with timer("update_questioner"):
                 stats = self.questioner_trainer.update(
-                    train_samples([q.output for q in questions], [q.advantage for q in questions], "generator"))
+                    train_samples([q.output for q in questions], [q.advantage for q in questions]))
         return StepOutput(
             metrics={"iteration": t, "phase": "questioner", **self.question_metrics(questions), **extra,
                      "questioner/zero_variance_rate": mean([float(not v) for v in varies]),
@@ -388,7 +367,7 @@ class RZero(GeneratorRecipe):
                 advantages = compute_advantages(p.advantage, rewards, group_ids)
             with timer("update_solver"):
                 completions = [c for group in groups for c in group]
-                stats = self.solver_trainer.update(train_samples(completions, advantages, "solver"))
+                stats = self.solver_trainer.update(train_samples(completions, advantages))
             samples += self.solver_records(step, t, batch, groups, answers, terms, rewards, advantages)
             metrics.update({"solver/reward_mean": mean(rewards), "reward/agree": mean(
                 [x["agree"] for g in terms for x in g]), "tokens/solver": sum(len(c.token_ids) for c in completions),

@@ -205,7 +205,7 @@ class TTRL(Recipe):
         with timer("update_solver"):
             self.trainer.phase_step(step - 1, self.config.steps)  # the lr schedule runs over the whole run
             completions = [v.group[i] for v in voted for i in v.trained]
-            stats = self.trainer.update(train_samples(completions, advantages, "solver"))
+            stats = self.trainer.update(train_samples(completions, advantages))
         metrics = self.vote_metrics(voted)  # before ``last_label`` moves on
         for v in voted:
             self.last_label[f"pool{v.index}"] = v.vote.label

@@ -10,12 +10,13 @@ import copy
 import logging
 import math
 import random
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal, Mapping, Sequence
 
 import torch
 
 from coevolve import distributed
+from coevolve.config import LossAgg, LrSchedule, OptimizerReset, RoleSettings, TrainConfig
 from coevolve.rl import logprob_head
 from coevolve.rl.compiled_layers import compile_decoder_layers
 from coevolve.rl.losses import policy_loss
@@ -33,7 +34,6 @@ class TrainSample:
     completion_ids: list[int]
     rollout_logprobs: list[float]
     advantage: float
-    role: str = "solver"
 
 
 @dataclass
@@ -53,39 +53,27 @@ class UpdateSettings:
     dual_clip: float | None = None  # dual-clip PPO's c (verl's clip_ratio_c); None: off
     tis_cap: float | None = None
     kl_beta: float = 0.0
-    loss_agg: str = "seq_mean"  # seq_mean (GRPO) | token_sum_norm (Dr.GRPO) | token_mean (DAPO)
+    loss_agg: LossAgg = "seq_mean"  # seq_mean (GRPO) | token_sum_norm (Dr.GRPO) | token_mean (DAPO)
     norm_constant: int | None = None  # Dr.GRPO's C; defaults to max_new_tokens
     temperature: float = 1.0  # sampling temperature: log-probs are taken under logits / temperature
     lora: dict | None = None  # peft LoraConfig kwargs, e.g. {"r": 8, "lora_alpha": 16}
-    dtype: str = "fp32"  # fp32 | bf16 (bf16 autocast for forward and backward; fp32 weights and AdamW state)
+    dtype: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast for forward and backward; fp32 weights and AdamW state
     gradient_checkpointing: bool = False
     compile: bool = False  # torch.compile each decoder layer (coevolve.rl.compiled_layers)
     fsdp: bool = False  # shard weights, gradients and AdamW state over the ranks (coevolve.distributed.shard_model)
-    lr_schedule: str = "constant"  # constant | cosine (over a phase's steps: :func:`phase_lr_factor`)
+    lr_schedule: LrSchedule = "constant"  # over a phase's steps: :func:`phase_lr_factor`
     lr_warmup_ratio: float = 0.0
     lr_min_ratio: float = 0.0
-    optimizer_reset: str = "never"  # never | phase (a fresh AdamW at the start of each phase)
+    optimizer_reset: OptimizerReset = "never"  # phase: a fresh AdamW at the start of each phase
 
 
-def update_settings(train, **resolved) -> UpdateSettings:
-    """The run config's ``train`` section (a ``TrainConfig``) as UpdateSettings; ``resolved``: the values only the run
-    knows (its device, model and sampling temperature)."""
+def update_settings(train: TrainConfig, role: RoleSettings | None = None, **resolved: Any) -> UpdateSettings:
+    """The run config's ``train`` section as UpdateSettings, with a role's own settings (``roles.<role>``) over it;
+    ``resolved``: the values only the run knows (its device, model and sampling temperature)."""
     names = {f.name for f in fields(UpdateSettings)}
-    return UpdateSettings(**{**{k: v for k, v in train.model_dump().items() if k in names}, **resolved})
-
-
-@dataclass(frozen=True)
-class RoleUpdate:
-    """One role's own update settings; None keeps the run's ``train`` value."""
-
-    mini_batch_size: int | None = None
-    epochs: int | None = None
-    lr: float | None = None
-    lr_schedule: str | None = None
-    optimizer_reset: str | None = None
-
-    def apply(self, settings: UpdateSettings) -> UpdateSettings:
-        return replace(settings, **{k: v for k, v in asdict(self).items() if v is not None})
+    values = {k: v for k, v in train.model_dump().items() if k in names}
+    values.update(role.model_dump(exclude_none=True) if role is not None else {})
+    return UpdateSettings(**{**values, **resolved})
 
 
 def phase_lr_factor(settings: UpdateSettings, index: int, total: int) -> float:
