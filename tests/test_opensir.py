@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from coevolve.formats import Generation
 from coevolve.loop import run
 from coevolve.pool import ProblemPool
 from coevolve.recipes import resolve
 from coevolve.recipes.opensir import STUDENT_WORLDS, Candidate, OpenSIR  # importing the module registers it
-from coevolve.rewards.format import TeacherOutput
 from coevolve.rewards.novelty import expression_concepts
 from coevolve.rollout import Completion
 from coevolve.rollout.hf import encode_prompt
@@ -35,10 +35,10 @@ def make_recipe(model_dir, *sets):
     return recipe, config
 
 
-def always_valid(text: str, rules: str = "paper") -> TeacherOutput:
+def always_valid(output: Completion, rules: str = "paper") -> Generation:
     """Reads any completion of the random model as a valid problem (it never writes one)."""
-    question = f"{len(text) % 7}+{len(text) % 5}"
-    return TeacherOutput(question, expression_concepts(question), True, 1.0)
+    question = f"{len(output.text) % 7}+{len(output.text) % 5}"
+    return Generation(question, concepts=expression_concepts(question), format_score=1.0)
 
 
 def test_step_on_random_model_writes_both_roles(random_model_dir):
@@ -106,6 +106,11 @@ def compact_script(prompt: str, i: int, n: int) -> str:
     return TEACHER[i] if prompt.endswith("W:\n") else SOLUTIONS[prompt[2:-3]][n % 4]
 
 
+def roles_of(samples, tokenizer) -> list[str]:
+    """The role each update sample was trained as, by its prompt (as compact_script tells them apart)."""
+    return ["generator" if tokenizer.decode(s.prompt_ids).endswith("W:\n") else "solver" for s in samples]
+
+
 def stubbed(model_dir, *sets, respond=compact_script, run_update=True):
     recipe, _ = make_recipe(model_dir, "params.diversity=concepts", "params.l_base=4", "params.l_cap=4", *sets)
     engine = StubEngine(recipe.policy.tokenizer, respond)
@@ -136,7 +141,7 @@ def test_novelty_and_selection_by_hand(random_model_dir):
     assert [r["advantage"] for r in gens[:4]] == pytest.approx(a0)
     assert [r["advantage"] for r in gens[4:8]] == [None] * 4
     (samples,) = updates
-    assert [s.role for s in samples] == ["generator"] * 8 + ["solver"] * 8
+    assert roles_of(samples, recipe.policy.tokenizer) == ["generator"] * 8 + ["solver"] * 8
     assert [s.advantage for s in samples[:4]] == pytest.approx(a0)
     assert len(recipe.pool) == 1 + 10  # the seed and every valid problem, solve rate regardless
     assert out.metrics["questions/valid_rate"] == pytest.approx(10 / 16)
@@ -150,7 +155,7 @@ def test_solve_rate_over_the_group_or_the_parsed_answers(random_model_dir):
     """The real labeller: "4*5" gets A:20, A:20, A:21 and an unparsed answer: 2/4 of the group, 2/3 of the parsed."""
     for denominator, rate in (("group", 0.5), ("parsed", 2 / 3)):
         recipe, _ = make_recipe(random_model_dir, f"params.solve_rate_denominator={denominator}")
-        c = Candidate(0, 0, None, TeacherOutput("4*5", (), True, 1.0))
+        c = Candidate(0, 0, None, Generation("4*5", format_score=1.0))
         recipe.label(c, [Completion("Q:4*5=?\n", [1], [5], text, [-1.0]) for text in SOLUTIONS["4*5"]])
         assert c.vote.label == "20" and c.solve_rate == pytest.approx(rate)
 
@@ -164,7 +169,7 @@ def test_trained_roles(random_model_dir, sets, roles):
     recipe, updates = stubbed(random_model_dir, *sets)
     teacher_before = {k: v.clone() for k, v in recipe.teacher.model.state_dict().items()}
     recipe.step(1)
-    assert [s.role for s in updates[0]] == roles
+    assert roles_of(updates[0], recipe.policy.tokenizer) == roles
     teacher_after = recipe.teacher.model.state_dict()
     frozen = all(torch.equal(teacher_before[k], teacher_after[k]) for k in teacher_before)
     assert frozen == (roles[0] == "solver")  # student-only: the teacher stays at its initial weights
