@@ -9,11 +9,11 @@ from collections import defaultdict
 import pytest
 import torch
 
+from coevolve.formats import Generation
 from coevolve.recipes import resolve
 from coevolve.recipes.dynamic_rl import Z0, DynamicRL, parse_paper_question
 from coevolve.rollout import Completion
 from coevolve.rollout.hf import encode_prompt
-from coevolve.tasks.arith import ParsedQuestion
 from coevolve.tasks.math import INSTRUCTION
 
 
@@ -201,18 +201,18 @@ def test_parse_paper_question():
     def completion(text: str, finish: str = "stop") -> Completion:
         return Completion("z0", [], [], text, [], finish)
 
-    assert parse_paper_question(completion("Question: What is 1+1?\nSolution:")) == ParsedQuestion("What is 1+1?")
+    assert parse_paper_question(completion("Question: What is 1+1?\nSolution:")) == Generation("What is 1+1?")
     assert parse_paper_question(completion("Intro\nQuestion:  Find x if 2x=4. ", "eos")).question == "Find x if 2x=4."
-    assert parse_paper_question(completion("Question: What is", "length")) is None  # cut before "Solution:"
-    assert parse_paper_question(completion("What is 1+1?\nSolution:")) is None  # no "Question:"
-    assert parse_paper_question(completion("Question: \nSolution:")) is None  # empty
+    for malformed in (completion("Question: What is", "length"),  # cut before "Solution:"
+                      completion("What is 1+1?\nSolution:"), completion("Question: \nSolution:")):  # no "Question:"; empty
+        assert parse_paper_question(malformed) == Generation(None) and not parse_paper_question(malformed).valid
 
 
 def test_step_on_a_random_model(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.n=3", "params.m=2", "params.question_max_tokens=8",
                          "rollout.max_new_tokens=8")
     # a random model writes no parsable question: give each output a question so the solver role runs too
-    recipe.read_generation = lambda output: ParsedQuestion(f"{len(output.token_ids)}+{output.text.count('1')}")
+    recipe.read_generation = lambda output: Generation(f"{len(output.token_ids)}+{output.text.count('1')}")
     batches = spy_updates(recipe)
     out = recipe.step(1)
     gens = [r for r in out.samples if r["role"] == "generator"]

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from coevolve.cli import app
+from coevolve.formats import Generation
 from coevolve.recipes import resolve
 from coevolve.recipes.pasodoble import Buffered
 from coevolve.rewards.pasodoble import JaccardHistory, history_diversity, jaccard, leaks_answer, proposer_reward
@@ -53,7 +54,7 @@ def make_recipe(model_dir, *sets):
 
 def posing(question: str):
     """A stand-in reader: the random model never writes a question, so every completion poses ``question``."""
-    return lambda text, passage: (question, "7")
+    return lambda output, document: Generation(question, "7")
 
 
 def test_history_semantics(random_model_dir):
@@ -157,7 +158,7 @@ def test_cli_run_and_resume(tmp_path, random_model_dir):
 def test_sequential_history_takes_every_proposal(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_sim=0.5")
     texts = iter(["a+b", None, "a+b", None, "c*d", "c*d"])
-    recipe.read_generation = lambda text, passage: (lambda q: (q, "7" if q else None))(next(texts))
+    recipe.read_generation = lambda output, document: (lambda q: Generation(q, "7" if q else None))(next(texts))
     xs = recipe.propose_and_score(1, _timer())
     # H after each push: {ab}, {ab, ∅}, ...: r_div = share of H not Jaccard-similar (> 0.5); two empty sets are similar
     assert [x.r_div for x in xs[:3]] == pytest.approx([1.0, 1.0, 0.5])

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from coevolve.formats import GeneratorFormat, arith_format, one_line
+from coevolve.formats import Generation, GeneratorFormat, arith_format, one_line
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.recipes.base import (
@@ -49,8 +49,6 @@ from coevolve.rewards.similarity import answer_diversity, malformed_floor, quest
 from coevolve.rl.advantages import decomposed_advantages
 from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion
-from coevolve.tasks import arith
-from coevolve.tasks.arith import ParsedQuestion
 
 # z_0, verbatim from the paper (§2 "Prompt"); the output's "Solution:" part is discarded.
 Z0 = ("Generate exactly one math question and its step-by-step solution. The answer to the question should exist and "
@@ -87,7 +85,7 @@ class GeneratedQuestion:
     """One o_i ~ pi(.|z_0) and everything a step computes for its question q_i."""
 
     output: Completion
-    parsed: ParsedQuestion | None  # None: malformed (no question)
+    parsed: Generation  # no question: malformed
     solutions: list[Completion] = field(default_factory=list)
     answers: list[str | None] = field(default_factory=list)  # a_ij = e(s_ij)
     vote: VoteResult | None = None
@@ -99,7 +97,7 @@ class GeneratedQuestion:
 
     @property
     def text(self) -> str | None:
-        return self.parsed.question if self.parsed else None
+        return self.parsed.question
 
     @property
     def label(self) -> str | None:
@@ -111,16 +109,16 @@ class GeneratedQuestion:
         return self.vote.p if self.vote else 0.0
 
 
-def parse_paper_question(completion: Completion, style: str = "chat") -> ParsedQuestion | None:
+def parse_paper_question(completion: Completion, style: str = "chat", **_: Any) -> Generation:
     """q from the z_0 output: the text after the first "Question:" up to "Solution:" (paper §2 "Prompt").
 
-    Malformed (None): no "Question:", an empty question, or cut off by the length limit before "Solution:".
+    Malformed (no question): no "Question:", an empty question, or cut off by the length limit before "Solution:".
     """
-    return _paper_question(completion.text, completion.finish_reason == "length")
+    return Generation(_paper_question(completion.text, completion.finish_reason == "length"))
 
 
 @parses_model_text()
-def _paper_question(text: str, cut_off: bool) -> ParsedQuestion | None:
+def _paper_question(text: str, cut_off: bool) -> str | None:
     start = text.find(QUESTION_MARK)
     if start < 0:
         return None
@@ -129,7 +127,7 @@ def _paper_question(text: str, cut_off: bool) -> ParsedQuestion | None:
     if end < 0 and cut_off:
         return None
     question = (body if end < 0 else body[:end]).strip()
-    return ParsedQuestion(question) if question else None
+    return question or None
 
 
 @register
@@ -141,13 +139,12 @@ class DynamicRL(GeneratorRecipe):
     Params = DynamicRLParams
     formats = {
         "chat": GeneratorFormat(  # z_0, the paper's prompt for free-form math; generation stops at "Solution:"
-            lambda style: Z0, parse_paper_question, stop=(SOLUTION_MARK,),
+            lambda style, **_: Z0, parse_paper_question, stop=(SOLUTION_MARK,),
             description="Question: {the question}\\nSolution: {step-by-step solution} (generation stops at "
             "'Solution:')",
             regex=r"Question: [^\n]{10,300}\nSolution:",
-            render=lambda e: f"Question: {one_line(e.question)}\nSolution: {e.solution}\nThe answer is {e.answer}.",
-            warmup_inputs=lambda e, examples, rng: ()),
-        "arith": arith_format(lambda output, style: arith.parse_question(output.text, style)),  # the writer prompt
+            render=lambda e: f"Question: {one_line(e.question)}\nSolution: {e.solution}\nThe answer is {e.answer}."),
+        "arith": arith_format(),  # the writer prompt
     }
     defaults = {
         "steps": 80, "eval_every": 20,
@@ -296,7 +293,7 @@ class DynamicRL(GeneratorRecipe):
         """One generator row per o_i and one solver row per s_ij (the run-dir sample schema)."""
         rows: list[dict[str, Any]] = []
         for i, q in enumerate(questions):
-            qid, answer = f"s{step}-q{i}", q.parsed.answer if q.parsed else None
+            qid, answer = f"s{step}-q{i}", q.parsed.answer
             rows.append(generator_row(
                 step, None, "generate", q.output, question=q.text, question_id=qid, valid=q.text is not None,
                 filtered=q.filtered, answer=answer, label=q.label, label_source="majority",

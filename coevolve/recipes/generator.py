@@ -1,28 +1,32 @@
 """What a recipe with a generator adds to :class:`Recipe`: its output format per task world and the format help.
 
 A generator writes questions in the format its recipe declares for the run's task world (``formats["arith"]`` for the
-arithmetic task, ``formats["chat"]`` for the others). The help switches (:mod:`coevolve.formats`) are worked examples in the prompt,
-constrained decoding and a format warm-up's model as the starting point; ``FormatWatch`` warns when none of a
-generator's outputs parse for several steps.
+arithmetic task, ``formats["chat"]`` for the others). The help switches (:mod:`coevolve.formats`) are worked examples
+in the prompt, constrained decoding and a format warm-up's model as the starting point; a ``FormatWatch`` warns when
+none of a generator's outputs parse for several steps.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
 from coevolve.config import ConfigError, RunConfig
-from coevolve.formats import GeneratorFormat, examples_block, load_worked_examples, solver_answer_regex
+from coevolve.formats import (
+    FormatWatch,
+    Generation,
+    GeneratorFormat,
+    examples_block,
+    load_worked_examples,
+    solver_answer_regex,
+)
 from coevolve.models import Policy
-from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
-from coevolve.rollout import SamplingParams
-
-log = logging.getLogger(__name__)
+from coevolve.recipes.base import Recipe, RecipeParams
+from coevolve.rollout import Completion, SamplingParams
 
 
 class GeneratorParams(RecipeParams):
@@ -51,7 +55,8 @@ class GeneratorRecipe(Recipe):
         super().__init__(config, params)
         self.world = world_of(config.task)
         self.generator_format = self.formats[self.world]
-        self.format_watch = FormatWatch(self.name, params.format_warn_after, chat=self.world == "chat")
+        self.format_watch = FormatWatch(self.name, params.format_warn_after,
+                                        self.generator_format.description if self.world == "chat" else None)
         if params.solver_format_constraint:  # the solver's rollouts: sample_groups without explicit params
             self.solver_sampling = replace(self.sampling, regex=solver_answer_regex(self.sampling.max_new_tokens))
         self.format_examples = (load_worked_examples(params.format_examples, self.config.seed, self.config.data_dir)
@@ -75,15 +80,15 @@ class GeneratorRecipe(Recipe):
         regex = solver_answer_regex(max_new_tokens) if self.params.solver_format_constraint else sampling.regex
         return replace(sampling, max_new_tokens=max_new_tokens, regex=regex)
 
-    def generator_prompt(self, policy: Policy, *inputs: object) -> str:
-        """The generator's prompt: its format's message for ``inputs``, with ``params.format_examples`` worked
-        examples of the format appended, in ``policy``'s chat template."""
-        message = self.generator_format.prompt(policy.prompt_style, *inputs)
+    def generator_prompt(self, policy: Policy, **inputs: Any) -> str:
+        """The generator's prompt: its format's message for the keyword ``inputs``, with ``params.format_examples``
+        worked examples of the format appended, in ``policy``'s chat template."""
+        message = self.generator_format.prompt(policy.prompt_style, **inputs)
         return policy.format_prompt(message + examples_block(self.generator_format, self.format_examples))
 
-    def read_generation(self, output: object, *inputs: object) -> object:
-        """What the recipe reads from one generator output (its format's ``parse``; None or invalid if malformed)."""
-        return self.generator_format.parse(output, self.style, *inputs)
+    def read_generation(self, output: Completion, **inputs: Any) -> Generation:
+        """What the recipe reads from one generator output (its format's ``parse``)."""
+        return self.generator_format.parse(output, self.style, **inputs)
 
     def generator_sampling(self, sampling: SamplingParams) -> SamplingParams:
         """The generator's sampling: its format's stop strings, and constrained decoding of the format when
@@ -128,31 +133,3 @@ class GeneratorRecipe(Recipe):
 def world_of(task: str) -> str:
     """The task world a generator writes for: ``arith`` for the arithmetic task, ``chat`` for the others."""
     return "arith" if task == "arith" else "chat"
-
-
-class FormatWatch:
-    """Counts consecutive generator steps with no valid output; warns once after ``after`` of them (``chat``: the
-    recipe's chat format and the format help switches; otherwise the arithmetic world's writer format)."""
-
-    def __init__(self, recipe: str, after: int, chat: bool = True):
-        self.recipe, self.after, self.chat, self.empty, self.warned = recipe, after, chat, 0, False
-
-    def observe(self, step: int, valid: int, total: int) -> bool:
-        """Record one step's ``valid`` of ``total`` generator outputs; True when this call logged the warning."""
-        if total == 0:
-            return False
-        self.empty = 0 if valid else self.empty + 1
-        if self.empty < self.after or self.warned:
-            return False
-        self.warned = True
-        if not self.chat:
-            log.warning("step %d: the %s generator wrote no valid output for %d consecutive steps (expected the "
-                        "arithmetic world's writer format, Q:<expression>), so nothing reaches the solver; is the "
-                        "model the pretrained tiny-arith?", step, self.recipe, self.empty)
-            return True
-        log.warning("step %d: the %s generator wrote no valid output for %d consecutive steps (expected: %s), so "
-                    "nothing reaches the solver; turn on format help: params.format_examples=N (worked examples in "
-                    "the prompt), params.format_constraint=true (constrained decoding) or params.generator_init=DIR "
-                    "(a `coevolve sft %s` format warm-up)", step, self.recipe, self.empty,
-                    RECIPES[self.recipe].formats["chat"].description, self.recipe)
-        return True

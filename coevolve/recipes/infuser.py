@@ -36,7 +36,7 @@ from scipy.stats import spearmanr
 
 from coevolve.config import RoleSettings
 from coevolve.documents import DocumentPool, check_document_source, dev_set, load_documents, tokenizer_counter
-from coevolve.formats import GeneratorFormat, arith_format, one_line
+from coevolve.formats import Generation, GeneratorFormat, arith_format, one_line
 from coevolve.grading.extract import braces_balanced, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (
@@ -122,20 +122,20 @@ def parse_generator_json(text: str) -> tuple[str, str] | None:
     return found
 
 
-def read_json_question(text: str, style: str, doc: str) -> tuple[str | None, str | None]:
-    """(q, a_φ) of a valid JSON generation (App. F.4), (None, None) for an invalid one."""
-    found = parse_generator_json(text)
+def read_json_question(output: Completion, style: str, **_: Any) -> Generation:
+    """q and a_φ of a valid JSON generation (App. F.4); neither for an invalid one."""
+    found = parse_generator_json(output.text)
     if found is None or not braces_balanced(found[1]):
-        return None, None
-    return found
+        return Generation(None)
+    return Generation(*found)
 
 
-def read_arith_question(text: str, style: str, doc: str) -> tuple[str | None, str | None]:
-    """(q, a_φ) of a valid arithmetic-world writer output: a question over the fact sheet and an integer answer."""
-    parsed = arith.parse_question(text, style, doc)
+def read_arith_question(output: Completion, style: str, document: str, **_: Any) -> Generation:
+    """q and a_φ of a valid arithmetic-world writer output: a question over the fact sheet and an integer answer."""
+    parsed = arith.parse_question(output.text, style, document)
     if parsed is None or parsed.answer is None or not _INTEGER.fullmatch(parsed.answer.strip()):
-        return None, None
-    return parsed.question, parsed.answer.strip()
+        return Generation(None)
+    return Generation(parsed.question, parsed.answer.strip())
 
 
 class InfuserParams(GeneratorParams):
@@ -200,11 +200,11 @@ class Infuser(GeneratorRecipe):
     fsdp_unsupported = "infuser's per-question influence gradients"
     formats = {
         "chat": GeneratorFormat(
-            lambda style, doc: GENERATOR_PROMPT.format(text=doc), read_json_question,
+            lambda style, document, **_: GENERATOR_PROMPT.format(text=document), read_json_question,
             description='{"question_text": "{the question}", "ground_truth": "{final answer}"}',
             regex=r'\{"question_text": "[^"\\\n]{10,300}", "ground_truth": "[^"\\\n{}]{1,40}"\}',
             render=lambda e: json.dumps({"question_text": one_line(e.question), "ground_truth": e.answer}),
-            warmup_inputs=lambda e, examples, rng: (e.solution,)),  # the document: the example's worked solution
+            warmup_inputs=lambda e, examples, rng: {"document": e.solution}),  # the example's worked solution
         "arith": arith_format(read_arith_question, grounded=True),  # questions over the fact sheet's variables
     }
     defaults = {
@@ -274,12 +274,13 @@ class Infuser(GeneratorRecipe):
                 reference, dev_samples, dev_stats = self.dev_reference(step)
         docs = self.documents.take(seed, (step - 1) * p.documents_per_step, p.documents_per_step)
         with timer("generate"):  # Phase 2
-            prompts = [self.generator_prompt(self.generator, d) for d in docs]
+            prompts = [self.generator_prompt(self.generator, document=d) for d in docs]
             groups = self.sample_groups(self.generator, prompts, p.group_size, step_seed(seed, step, "generate"),
                                         self.question_sampling)
             generated = [Generated(d, g, c) for g, (d, group) in enumerate(zip(docs, groups)) for c in group]
             for x in generated:
-                x.question, x.key = self.read_generation(x.output.text, x.doc)
+                generation = self.read_generation(x.output, document=x.doc)
+                x.question, x.key = generation.question, generation.answer
         self.watch_format(step, sum(x.valid for x in generated), len(generated))
         with timer("solve"):  # Phase 3
             self.solve([x for x in generated if x.valid], step_seed(seed, step, "solve"))

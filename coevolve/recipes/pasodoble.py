@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from coevolve.documents import DocumentPool, check_document_source, load_documents, tokenizer_counter
-from coevolve.formats import ANSWER, LINE, MAX_SOLUTION_CHARS, GeneratorFormat, arith_format, one_line
+from coevolve.formats import ANSWER, LINE, MAX_SOLUTION_CHARS, Generation, GeneratorFormat, arith_format, one_line
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (
@@ -54,7 +54,6 @@ from coevolve.records import generator_row, solver_row
 from coevolve.rewards.pasodoble import DiversityGate, JaccardHistory, LeakMode, leaks_answer, proposer_reward
 from coevolve.rl.advantages import compute_advantages
 from coevolve.rollout import Completion
-from coevolve.tasks import arith
 from coevolve.tasks.registry import get_task
 
 # Proposer prompt (paper Fig. 11, App. I, with the released code's output format); the system text is folded into
@@ -67,14 +66,15 @@ PROPOSER_PROMPT = (
     "{knowledge}Now write one problem and its answer.")
 KNOWLEDGE = "External knowledge: {passage}\n\n"
 CHAT_FORMAT = GeneratorFormat(
-    lambda style, passage: PROPOSER_PROMPT.format(knowledge=KNOWLEDGE.format(passage=passage) if passage else ""),
-    lambda text, style, passage: parse_proposal(text),
+    lambda style, document, **_: PROPOSER_PROMPT.format(knowledge=KNOWLEDGE.format(passage=document) if document
+                                                        else ""),
+    lambda output, style, **_: Generation(*parse_proposal(output.text)),
     description="<problem>{the problem}</problem> <answer>{worked solution} \\boxed{final answer}</answer>",
     regex=r"<problem>" + LINE + r"</problem> <answer>[^<>{}\n]{0,%d}\\boxed\{" % MAX_SOLUTION_CHARS + ANSWER
     + r"\}</answer>",
     render=lambda e: (f"<problem>{one_line(e.question)}</problem> <answer>{one_line(e.solution)} "
                       f"\\boxed{{{e.answer}}}</answer>"),
-    warmup_inputs=lambda e, examples, rng: (e.solution,))  # the knowledge passage: the example's worked solution
+    warmup_inputs=lambda e, examples, rng: {"document": e.solution})  # the passage: the example's worked solution
 _THINK_END = "</think>"
 
 
@@ -178,13 +178,7 @@ def parse_proposal(text: str) -> tuple[str | None, str | None]:
     return question or None, extract_boxed(after)
 
 
-def read_arith_proposal(text: str, style: str, passage: str | None) -> tuple[str | None, str | None]:
-    """(q, a*) in the arithmetic world's writer format, over the fact sheet's variables; (None, None) if malformed."""
-    parsed = arith.parse_question(text, style, passage)
-    return (parsed.question, parsed.answer) if parsed else (None, None)
-
-
-ARITH_FORMAT = arith_format(read_arith_proposal, grounded=True)  # the Solver is shown the fact sheet too
+ARITH_FORMAT = arith_format(grounded=True)  # questions over the fact sheet's variables; the Solver is shown it too
 
 
 @register
@@ -368,12 +362,13 @@ class PasoDoble(GeneratorRecipe):
         passages = (self.knowledge.sample(step_seed(seed, step, "passages"), p.passages_per_step)
                     if self.knowledge else [None] * p.passages_per_step)
         with timer("propose"):  # line 2: I completions per passage
-            prompts = [self.generator_prompt(self.proposer, k) for k in passages]
+            prompts = [self.generator_prompt(self.proposer, document=k) for k in passages]
             groups = self.sample_groups(self.proposer, prompts, p.proposals, step_seed(seed, step, "propose"),
                                         self.proposer_sampling)
         proposals = [Proposal(k, g, c) for g, (k, group) in enumerate(zip(passages, groups)) for c in group]
         for x in proposals:  # line 3: q_i, a_i*
-            x.question, x.answer = self.read_generation(x.output.text, x.passage)
+            generation = self.read_generation(x.output, document=x.passage)
+            x.question, x.answer = generation.question, generation.answer
         self.watch_format(step, sum(bool(x.question and x.answer) for x in proposals), len(proposals))
         with timer("solve"):  # lines 4-5: J answers per question, pass rate
             self.solve([x for x in proposals if x.question], step_seed(seed, step, "solve"))

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from coevolve.formats import ANSWER, LINE, GeneratorFormat, arith_format, one_line
+from coevolve.formats import ANSWER, LINE, Generation, GeneratorFormat, arith_format, one_line
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
@@ -61,7 +61,6 @@ from coevolve.rewards.uncertainty import (
 )
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
 from coevolve.rollout import Completion, SamplingParams
-from coevolve.tasks import arith
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +77,10 @@ QUESTIONER_PROMPT = (
     "Generate one new, challenging reasoning question now. Remember to format the output exactly as instructed."
 )
 CHAT_FORMAT = GeneratorFormat(
-    lambda style: QUESTIONER_PROMPT, lambda text, style: parse_questioner_output(text),
+    lambda style, **_: QUESTIONER_PROMPT, lambda output, style, **_: Generation(*parse_questioner_output(output.text)),
     description="<question>\\n{the problem}\\n</question>\\n\\n\\boxed{final answer}",
     regex=r"<question>\n" + LINE + r"\n</question>\n\n\\boxed\{" + ANSWER + r"\}",
-    render=lambda e: f"<question>\n{one_line(e.question)}\n</question>\n\n\\boxed{{{e.answer}}}",
-    warmup_inputs=lambda e, examples, rng: ())
+    render=lambda e: f"<question>\n{one_line(e.question)}\n</question>\n\n\\boxed{{{e.answer}}}")
 BLEU_TOKENS = {"chat": "none", "arith": "char"}  # the repetition penalty's BLEU tokens per world: words, characters
 
 # The optimizer of both codes (R-Zero's EasyR1 and Prism's verl actor configs), which the paper leaves open: clip
@@ -214,13 +212,7 @@ def parse_questioner_output(text: str) -> tuple[str | None, str | None]:
     return (question if question and answer else None), answer
 
 
-def read_arith_question(text: str, style: str) -> tuple[str | None, str | None]:
-    """(q, the writer's own answer) in the arithmetic world's writer format; (None, None) if malformed."""
-    parsed = arith.parse_question(text, style)
-    return (parsed.question, parsed.answer) if parsed else (None, None)
-
-
-ARITH_FORMAT = arith_format(read_arith_question)
+ARITH_FORMAT = arith_format()
 
 
 @parses_model_text(invalid=False)
@@ -416,7 +408,8 @@ class RZero(GeneratorRecipe):
     # --- shared pieces ----------------------------------------------------------------------------
     def read_question(self, output: Completion) -> Question:
         """q and the questioner's own answer, read in the world's format (``formats``)."""
-        return Question(output, *self.read_generation(output.text))
+        generation = self.read_generation(output)
+        return Question(output, generation.question, generation.answer)
 
     def solver_prompt(self, question: str) -> str:
         return self.solver_policy.format_prompt(self.task.solver_prompt(question, None, self.style))
