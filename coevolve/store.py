@@ -40,7 +40,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from coevolve import distributed
 from coevolve.jsonio import atomic_write_text, dumps, fsync_path, read_jsonl
-from coevolve.records import current_metric_names
+from coevolve.records import SampleRow, current_metric_names
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +77,9 @@ class RunStore:
         """The rows of ``metrics.jsonl``, with today's metric names."""
         return [current_metric_names(row) for row in read_jsonl(self.metrics_path)]
 
-    def write_samples(self, step: int, records: Iterable[Mapping[str, Any]]) -> None:
-        """Write the samples of one step (atomically, one file per step)."""
-        text = "".join(dumps(r) + "\n" for r in records)
+    def write_samples(self, step: int, rows: Iterable[SampleRow]) -> None:
+        """Write the sample rows of one step as JSON lines (atomically, one file per step)."""
+        text = "".join(dumps(row.as_record()) + "\n" for row in rows)
         atomic_write_text(self.samples_dir / f"{STEP_DIR.format(step)}.jsonl", text)
 
     def samples(self, step: int) -> list[dict]:

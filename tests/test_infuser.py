@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import records
 from typer.testing import CliRunner
 
 from coevolve.cli import app
@@ -50,7 +51,7 @@ def test_step_rewards_and_dugrpo(random_model_dir):
         trainer.update = lambda samples, update=update, role=role: calls.append(role) or update(samples)
     out = recipe.step(1)
     assert calls == ["generator", "solver"]  # the generator is updated first, on the same rollouts
-    gens = [r for r in out.samples if r["role"] == "generator"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
     assert len(gens) == 12 and "time/influence_s" in out.metrics and "time/dev_s" in out.metrics
     for g in gens:
         if not g["valid"]:
@@ -69,7 +70,7 @@ def test_step_rewards_and_dugrpo(random_model_dir):
         expected = (rewards - rewards.mean()) / (sd + sigma_b + 1e-6) if sd > 0 else np.zeros(4)
         assert [g["advantage"] for g in grp] == pytest.approx(list(expected))
         assert all(g["in_update"] == (sd > 0) for g in grp)
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     by_q = {g["question_id"]: g for g in gens}
     assert all(s["trained"] == (0 < by_q[s["question_id"]]["solve_rate"] < 1) for s in sols)
     assert all(s["oracle"]["label_correct"] is not None for s in sols)  # analytics only
@@ -78,8 +79,8 @@ def test_step_rewards_and_dugrpo(random_model_dir):
 def test_sgd_cosine_and_grpo_ablations_change_the_scores(random_model_dir):
     base = make_recipe(random_model_dir).step(1)
     sgd = make_recipe(random_model_dir, "params.influence=sgd_cosine", "params.generator_advantage=grpo").step(1)
-    a = [r["reward"] for r in base.samples if r["role"] == "generator"]
-    b = [r["reward"] for r in sgd.samples if r["role"] == "generator"]
+    a = [r["reward"] for r in records(base) if r["role"] == "generator"]
+    b = [r["reward"] for r in records(sgd) if r["role"] == "generator"]
     assert [x == 0 for x in a] == [x == 0 for x in b] and a != b  # same questions, different influence
 
 
@@ -160,7 +161,7 @@ def test_influence_sign_and_value_on_a_known_case(random_model_dir):
     recipe = canned(random_model_dir, [("a+b", "1"), ("a+b", "0"), ("a*b", "2"), (None, None)],
                     "params.influence=sgd_cosine")
     out = recipe.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
     assert [g["reward"] for g in gens[:2]] == pytest.approx([1.0, -1.0], abs=1e-5)
     assert [g["reward_terms"]["influence"] for g in gens[:2]] == pytest.approx([1.0, -1.0], abs=1e-5)
     assert -1 < gens[2]["reward"] < 1 and gens[3]["reward"] == -0.5  # another question; invalid: rho_inv

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import records
 
 from coevolve.formats import Generation
 from coevolve.loop import run
@@ -45,8 +46,8 @@ def test_step_on_random_model_writes_both_roles(random_model_dir):
     recipe, _ = make_recipe(random_model_dir)
     recipe.read_generation = always_valid
     out = recipe.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     assert len(gens) == 16 and len(sols) == 2 * 4  # k*G teacher outputs; B/(2G) problems x G solutions
     for r in gens:
         assert r["valid"] and r["question"] and r["reference"] == "1+1" and r["label_source"] == "majority"
@@ -124,7 +125,7 @@ def stubbed(model_dir, *sets, respond=compact_script, run_update=True):
 def test_novelty_and_selection_by_hand(random_model_dir):
     recipe, updates = stubbed(random_model_dir)
     out = recipe.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
     expected = [NOVELTY.get(t[2:], 0.0) for t in TEACHER]  # invalid outputs score 0
     assert [r["reward"] for r in gens] == pytest.approx(expected)
     by_group = np.array(expected).reshape(4, 4)
@@ -132,7 +133,7 @@ def test_novelty_and_selection_by_hand(random_model_dir):
     assert {r["question_id"][:5] for r in gens if r["selected"]} == {"s1-g0", "s1-g3"}  # top-2 by variance
     # student: the two highest novelty scores, 4*5 (1.954) then 12-3 (1.85; the first of five copies)
     assert [r["question_id"] for r in gens if r["student_selected"]] == ["s1-g0-1", "s1-g1-0"]
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     assert [r["reward"] for r in sols] == pytest.approx([1.1, 1.1, 0.1, 0.0] + [1.1] * 4)  # Eq. 6
     assert [r["label"] for r in sols] == ["20"] * 4 + ["9"] * 4
     assert [r["advantage"] for r in sols[4:]] == [0.0] * 4  # all agree: no signal
@@ -184,8 +185,8 @@ def test_pool_persists_through_state_dict(random_model_dir):
     restored.load_state_dict(state)
     assert restored.pool.entries == recipe.pool.entries
     a, b = recipe.step(2), restored.step(2)  # embeddings of P_1 rebuilt from the restored texts
-    assert [r.get("reference") for r in a.samples] == [r.get("reference") for r in b.samples]
-    assert [r["reward"] for r in a.samples] == [r["reward"] for r in b.samples]
+    assert [r.get("reference") for r in records(a)] == [r.get("reference") for r in records(b)]
+    assert [r["reward"] for r in records(a)] == [r["reward"] for r in records(b)]
 
 
 def test_run_resume_restores_the_pool(tmp_path, random_model_dir):
@@ -230,12 +231,12 @@ def test_chat_prompts_parsing_and_formats(random_model_dir):
     recipe.generator_format, recipe.student = OpenSIR.formats["chat"], STUDENT_WORLDS["chat"]
     recipe.pool = ProblemPool([STUDENT_WORLDS["chat"].seed])
     out = recipe.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
     assert [r["valid"] for r in gens] == [False, True, True, True] * 4
     assert gens[1]["concepts"] == ["addition", "integers"] and gens[1]["solve_rate"] == 0.75
     # sol(3/4) = 0.8125 with G = 4; solutions longer than l_cap = 4 tokens; 2 of 3 concept slots new; format 1
     assert gens[1]["reward_terms"] == pytest.approx({"sol": 0.8125, "len": 1.0, "div": 2 / 3, "fmt": 1.0})
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     assert [r["reward"] for r in sols[:4]] == pytest.approx([1.1, 1.1, 1.1, 0.0])  # the last lacks the phrase
     assert [r["answer"] for r in sols[:4]] == ["5", "5", "5", "4"] and sols[0]["label"] == "5"
     assert len(updates[0]) == 2 * 4 + 2 * 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import records
 from typer.testing import CliRunner
 
 from coevolve.cli import app
@@ -92,11 +93,11 @@ def test_online_step_trains_only_retained_questions(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_low=0")
     recipe.read_generation = posing("a+b")
     out = recipe.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     assert len(gens) == 6 and len(sols) == 6 * 4
     for g in gens:
-        assert g["label_source"] == "proposer" and g["answer"] == "7" and g["oracle"]["label_correct"] is not None
+        assert g["label_source"] == "generator" and g["answer"] == "7" and g["oracle"]["label_correct"] is not None
         p = g["solve_rate"]
         expected = 1.1 - p + 0.2 * g["reward_terms"]["r_div"] if 0 < p and g["reward_terms"]["r_div"] >= 0.3 else 0.0
         assert g["reward"] == pytest.approx(expected)
@@ -129,8 +130,8 @@ def test_offline_schedule_buffer_and_eviction(random_model_dir):
     assert all(0 < b.prev_acc < 1 for b in recipe.buffer)
     size = len(recipe.buffer)
     out = recipe.step(10)
-    assert out.metrics["phase_proposer"] == 0.0 and all(r["phase"] == "replay" for r in out.samples)
-    assert len(out.samples) == min(4, size) * 4 and recipe.pointer == min(4, size) % size
+    assert out.metrics["phase_proposer"] == 0.0 and all(r["phase"] == "replay" for r in records(out))
+    assert len(records(out)) == min(4, size) * 4 and recipe.pointer == min(4, size) % size
     # eviction: p = 1 goes at once; no 0.01 improvement for c = 3 replays goes too; the pointer follows
     recipe.buffer = [Buffered("q0", "1", None, prev_acc=0.5), Buffered("q1", "1", None, prev_acc=0.5, stale=2),
                      Buffered("q2", "1", None, prev_acc=0.2), Buffered("q3", "1", None)]
@@ -178,11 +179,11 @@ def test_max_updates_counts_updates_not_iterations(random_model_dir):
         if not out.metrics["skipped"]:
             break
     assert out.metrics["updates"] == 1.0 and out.metrics["proposer/optimizer_steps"] == 1  # 6 proposals, one step
-    trained = sum(s["trained"] for s in out.samples if s["role"] == "solver")
+    trained = sum(s["trained"] for s in records(out) if s["role"] == "solver")
     assert out.metrics["solver/optimizer_steps"] == -(-trained // 5) * 2  # 4 answers per question, 5 per step, 2 epochs
-    proposals = [g for g in out.samples if g["role"] == "generator"]
+    proposals = [g for g in records(out) if g["role"] == "generator"]
     assert out.metrics["generator/advantage_abs_mean"] == pytest.approx(
         sum(abs(g["advantage"]) for g in proposals) / len(proposals))
     done = recipe.step(step + 1)  # max_updates reached: nothing is sampled or trained
-    assert done.metrics["done"] == 1.0 and done.metrics["updates"] == 1.0 and not done.samples
+    assert done.metrics["done"] == 1.0 and done.metrics["updates"] == 1.0 and not records(done)
     assert recipe.state_dict()["updates"] == 1

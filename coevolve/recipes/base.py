@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from coevolve import distributed
 from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, ConfigError, RoleSettings, RunConfig
 from coevolve.models import Policy, load_policy
+from coevolve.records import SampleRow
 from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, update_settings
@@ -44,7 +45,7 @@ class StepOutput:
     """What one training step produced: a metrics row (without step/time) and sample records."""
 
     metrics: dict[str, Any] = field(default_factory=dict)
-    samples: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[SampleRow] = field(default_factory=list)
 
 
 def register(cls: type["Recipe"]) -> type["Recipe"]:

@@ -42,7 +42,7 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
-from coevolve.records import generator_row, solver_row
+from coevolve.records import SampleRow, generator_row, solver_row
 from coevolve.rewards.difficulty import tent_reward
 from coevolve.rewards.filters import FILTER_RULES, filter_reasons
 from coevolve.rewards.similarity import answer_diversity, malformed_floor, question_diversity
@@ -289,17 +289,17 @@ class DynamicRL(GeneratorRecipe):
             "tokens/solver": sum(len(s.token_ids) for q in questions for s in q.solutions),
         }
 
-    def records(self, step: int, questions: list[GeneratedQuestion]) -> list[dict[str, Any]]:
+    def records(self, step: int, questions: list[GeneratedQuestion]) -> list[SampleRow]:
         """One generator row per o_i and one solver row per s_ij (the run-dir sample schema)."""
-        rows: list[dict[str, Any]] = []
+        rows: list[SampleRow] = []
         for i, q in enumerate(questions):
             qid, answer = f"s{step}-q{i}", q.parsed.answer
             rows.append(generator_row(
                 step, None, "generate", q.output, question=q.text, question_id=qid, valid=q.text is not None,
-                filtered=q.filtered, answer=answer, label=q.label, label_source="majority",
-                support=q.vote.support if q.vote else 0, solve_rate=q.solve_rate if q.vote else None,
+                answer=answer, label=q.label, label_source="majority", solve_rate=q.solve_rate if q.vote else None,
                 reward=self.question_reward(q), reward_terms=q.rewards, advantage=q.advantage,
-                oracle=self.task.oracle(q.text, None, answer, q.label)))
+                oracle=self.task.oracle(q.text, None, answer, q.label),
+                extra={"filtered": q.filtered, "support": q.vote.support if q.vote else 0}))
             rows += [solver_row(
                 step, None, "solve", s, question=q.text, question_id=qid, answer=a, label=q.label,
                 label_source="majority", solve_rate=q.solve_rate, reward=r, reward_terms={"R_s": r}, advantage=adv,

@@ -50,7 +50,7 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
-from coevolve.records import generator_row, solver_row
+from coevolve.records import SampleRow, generator_row, solver_row
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
 from coevolve.rl.influence import DevGradient, dev_gradient, influence_scores, one_step_dev_gains
 from coevolve.rl.trainer import TrainSample
@@ -408,20 +408,20 @@ class Infuser(GeneratorRecipe):
             "tokens/solver": sum(len(c.token_ids) for x in generated for c in x.solutions),
         }
 
-    def records(self, step: int, generated: list[Generated]) -> list[dict[str, Any]]:
+    def records(self, step: int, generated: list[Generated]) -> list[SampleRow]:
         """One generator row per output; one solver row per answer (``trained``: its question entered Phase 6)."""
         rows = []
         for i, x in enumerate(generated):
             qid, doc = f"s{step}-q{i}", x.doc if self.shows_document else None
             rows.append(generator_row(
-                step, None, "generate", x.output, question=x.question, question_id=qid, valid=x.valid,
-                document=x.doc, answer=x.key, label=x.key, label_source="generator",
-                solve_rate=mean(x.rewards) if x.rewards else None, reward=x.reward,
-                reward_terms={"influence": x.influence, "grad_norm": x.grad_norm, "invalid": not x.valid},
-                advantage=x.advantage, in_update=x.in_update, oracle=self.task.oracle(x.question, doc, x.key, x.key)))
+                step, None, "generate", x.output, question=x.question, question_id=qid, valid=x.valid, answer=x.key,
+                label=x.key, label_source="generator", solve_rate=mean(x.rewards) if x.rewards else None,
+                reward=x.reward, reward_terms={"influence": x.influence, "grad_norm": x.grad_norm, "invalid": not x.valid},
+                advantage=x.advantage, oracle=self.task.oracle(x.question, doc, x.key, x.key),
+                extra={"document": x.doc, "in_update": x.in_update}))
             rows += [solver_row(
                 step, None, "solve", c, question=x.question, question_id=qid, answer=a, label=x.key,
                 label_source="generator", solve_rate=mean(x.rewards), reward=r, reward_terms={"agree": r},
-                advantage=adv, trained=x.informative, oracle=self.task.oracle(x.question, doc, a, x.key),
+                advantage=adv, oracle=self.task.oracle(x.question, doc, a, x.key), extra={"trained": x.informative},
             ) for c, a, r, adv in zip(x.solutions, x.answers, x.rewards, x.solver_advantages)]
         return rows

@@ -53,7 +53,7 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
-from coevolve.records import generator_row, solver_row
+from coevolve.records import SampleRow, generator_row, solver_row
 from coevolve.rewards.difficulty import triangular_solvability
 from coevolve.rewards.format import (
     StudentFormat,
@@ -408,7 +408,7 @@ class OpenSIR(GeneratorRecipe):
 
     # --- records and metrics ----------------------------------------------------------------------
     def records(self, step: int, references: list[str], candidates: list[Candidate],
-                student_problems: list[Candidate]) -> list[dict]:
+                student_problems: list[Candidate]) -> list[SampleRow]:
         """Sample records: every teacher output (role generator) and the solutions of the student problems."""
         qid = {id(c): f"s{step}-g{c.group}-{c.index}" for c in candidates}
         chosen = {id(c) for c in student_problems}
@@ -416,13 +416,13 @@ class OpenSIR(GeneratorRecipe):
         for c in candidates:
             label = c.vote.label if c.vote else None
             rows.append(generator_row(
-                step, None, "generate", c.completion, reference=references[c.group], question=c.parsed.question,
-                question_id=qid[id(c)], valid=c.parsed.valid, concepts=list(c.parsed.concepts), answer=None,
-                label=label, label_source="majority", solve_rate=c.solve_rate,
-                mean_solution_tokens=mean([len(s.token_ids) for s in c.solutions]) if c.solutions else None,
-                reward=c.novelty, reward_terms=c.terms, advantage=c.advantage, selected=c.advantage is not None,
-                student_selected=id(c) in chosen,
-                oracle=self.task.oracle(c.parsed.question, None, None, label) if c.parsed.valid else None))
+                step, None, "generate", c.completion, question=c.parsed.question, question_id=qid[id(c)],
+                valid=c.parsed.valid, answer=None, label=label, label_source="majority", solve_rate=c.solve_rate,
+                reward=c.novelty, reward_terms=c.terms, advantage=c.advantage,
+                oracle=self.task.oracle(c.parsed.question, None, None, label) if c.parsed.valid else None,
+                extra={"reference": references[c.group], "concepts": list(c.parsed.concepts),
+                       "mean_solution_tokens": mean([len(s.token_ids) for s in c.solutions]) if c.solutions else None,
+                       "selected": c.advantage is not None, "student_selected": id(c) in chosen}))
         for c in student_problems:
             for s, answer, terms, reward, adv in zip(c.solutions, c.answers, c.student_terms, c.student_rewards,
                                                      c.student_advantages):

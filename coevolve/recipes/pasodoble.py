@@ -50,7 +50,7 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
-from coevolve.records import generator_row, solver_row
+from coevolve.records import SampleRow, generator_row, solver_row
 from coevolve.rewards.pasodoble import DiversityGate, JaccardHistory, LeakMode, leaks_answer, proposer_reward
 from coevolve.rl.advantages import compute_advantages
 from coevolve.rollout import Completion
@@ -501,24 +501,25 @@ class PasoDoble(GeneratorRecipe):
             "tokens/solver": sum(len(s.token_ids) for x in proposals for s in x.solutions),
         }
 
-    def records(self, step: int, proposals: list[Proposal], trained: bool) -> list[dict[str, Any]]:
+    def records(self, step: int, proposals: list[Proposal], trained: bool) -> list[SampleRow]:
         """One generator row per proposal, one solver row per Solver answer (``trained``: it entered an update)."""
         rows = []
         for i, x in enumerate(proposals):
             doc = self.solver_doc(x.passage)
             rows.append(generator_row(
                 step, None, "propose", x.output, question=x.question, question_id=f"s{step}-q{i}",
-                valid=bool(x.question and x.answer), passage=x.passage, answer=x.answer, label=x.answer,
-                label_source="proposer", solve_rate=x.p if x.question else None, reward=x.reward,
+                valid=bool(x.question and x.answer), answer=x.answer, label=x.answer, label_source="generator",
+                solve_rate=x.p if x.question else None, reward=x.reward,
                 reward_terms={"p_raw": x.p_raw, "leak": x.leak, "r_div": x.r_div}, advantage=x.advantage,
-                retained=self.retained(x.p), oracle=self.task.oracle(x.question, doc, x.answer, x.answer)))
+                oracle=self.task.oracle(x.question, doc, x.answer, x.answer),
+                extra={"passage": x.passage, "retained": self.retained(x.p)}))
             rows += self.solver_records(step, x, trained and self.retained(x.p), qid=f"s{step}-q{i}")
         return rows
 
-    def solver_records(self, step: int, x: Proposal, trained: bool, qid: str | None = None) -> list[dict[str, Any]]:
+    def solver_records(self, step: int, x: Proposal, trained: bool, qid: str | None = None) -> list[SampleRow]:
         doc = self.solver_doc(x.passage)
         return [solver_row(
             step, None, "solve" if qid else "replay", s, question=x.question, question_id=qid or x.question,
-            answer=a, label=x.answer, label_source="proposer", solve_rate=x.p, reward=r, reward_terms={"agree": r},
-            advantage=adv, trained=trained, oracle=self.task.oracle(x.question, doc, a, x.answer),
+            answer=a, label=x.answer, label_source="generator", solve_rate=x.p, reward=r, reward_terms={"agree": r},
+            advantage=adv, oracle=self.task.oracle(x.question, doc, a, x.answer), extra={"trained": trained},
         ) for s, a, r, adv in zip(x.solutions, x.solver_answers, x.solver_rewards, x.solver_advantages)]

@@ -49,7 +49,7 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
-from coevolve.records import generator_row, solver_row
+from coevolve.records import SampleRow, generator_row, solver_row
 from coevolve.rewards.uncertainty import (
     BleuTokens,
     RZeroForm,
@@ -333,7 +333,7 @@ class RZero(GeneratorRecipe):
     # --- solver phase -----------------------------------------------------------------------------
     def solver_step(self, step: int, t: int, index: int) -> StepOutput:
         p, timer, seed = self.params, PhaseTimer(), self.config.seed
-        samples: list[dict[str, Any]] = []
+        samples: list[SampleRow] = []
         metrics: dict[str, Any] = {"iteration": t, "phase": "solver"}
         self.solver_trainer.phase_step(index, p.solver_steps)  # a fresh AdamW per phase, the lr schedule
         if self.pool_iteration != t:  # lines 6-7 at the phase boundary: pool from Q_t, labels from S_{t-1}
@@ -428,7 +428,7 @@ class RZero(GeneratorRecipe):
             q.p = q.vote.p if denominator == "all" else (q.vote.support / q.vote.n_valid if q.vote.n_valid else 0.0)
 
     # --- records and metrics ----------------------------------------------------------------------
-    def question_records(self, step: int, t: int, phase: str, questions: list[Question]) -> list[dict[str, Any]]:
+    def question_records(self, step: int, t: int, phase: str, questions: list[Question]) -> list[SampleRow]:
         """One generator row per questioner output (phase ``question`` in training, ``pool`` for the pool)."""
         pooled = {item.question_id for item in self.pool} if phase == "pool" else set()
         rows = []
@@ -436,14 +436,15 @@ class RZero(GeneratorRecipe):
             qid = f"i{t}-pool{i}" if phase == "pool" else f"s{step}-q{i}"
             rows.append(generator_row(
                 step, t, phase, q.output, question=q.text, question_id=qid, valid=q.text is not None,
-                answer=q.own_answer, label=q.label, label_source="majority", solve_rate=q.p, cluster=q.cluster,
+                answer=q.own_answer, label=q.label, label_source="majority", solve_rate=q.p,
                 reward=q.reward if phase == "question" else None, reward_terms=q.terms,
-                advantage=q.advantage if phase == "question" else None, in_pool=qid in pooled,
-                oracle=self.task.oracle(q.text, None, q.own_answer, q.label) if q.text else None))
+                advantage=q.advantage if phase == "question" else None,
+                oracle=self.task.oracle(q.text, None, q.own_answer, q.label) if q.text else None,
+                extra={"cluster": q.cluster, "in_pool": qid in pooled}))
         return rows
 
     def solver_records(self, step: int, t: int, batch: list[PoolItem], groups, answers, terms, rewards,
-                       advantages) -> list[dict[str, Any]]:
+                       advantages) -> list[SampleRow]:
         """One solver row per rollout, labelled with its pool question's majority answer."""
         rows, k = [], 0
         for item, group, group_answers, group_terms in zip(batch, groups, answers, terms):

@@ -49,7 +49,7 @@ from coevolve.recipes.base import (
     step_seed,
     train_samples,
 )
-from coevolve.records import solver_row
+from coevolve.records import SampleRow, solver_row
 from coevolve.rewards.majority import agreement_rewards, seeded_vote, vote_margin
 from coevolve.rl.advantages import compute_advantages
 from coevolve.rollout import Completion
@@ -250,7 +250,7 @@ class TTRL(Recipe):
             "solver/none_rate": mean([float(a is None) for v in voted for a in v.answers]),
         }
 
-    def records(self, step: int, voted: list[Voted], advantages: Sequence[float]) -> list[dict[str, Any]]:
+    def records(self, step: int, voted: list[Voted], advantages: Sequence[float]) -> list[SampleRow]:
         """One solver row per vote sample; ``trained`` marks the M that entered the update."""
         rows, k = [], 0
         label_source = "majority" if self.params.label_source == "majority" else "ground_truth"
@@ -264,9 +264,9 @@ class TTRL(Recipe):
                     label=label, label_source=label_source, solve_rate=v.vote.p,
                     reward=v.rewards[trained[i]] if in_update else None,
                     reward_terms={"agree": float(v.vote.agree[i])},
-                    advantage=float(advantages[k + trained[i]]) if in_update else None, trained=in_update,
-                    vote_margin=vote_margin(v.vote),
-                    oracle=self.task.oracle(v.problem.question, v.problem.doc, a, label)))
+                    advantage=float(advantages[k + trained[i]]) if in_update else None,
+                    oracle=self.task.oracle(v.problem.question, v.problem.doc, a, label),
+                    extra={"trained": in_update, "vote_margin": vote_margin(v.vote)}))
             k += len(v.trained)
         return rows
 
