@@ -83,6 +83,7 @@ def run(
     from coevolve.loop import run as run_loop
     from coevolve.models import ModelNotFoundError, prepare_builtin
     from coevolve.recipes import resolve, resolve_saved
+    from coevolve.records import accuracy_line
     from coevolve.rollout.vllm_engine import EngineUnavailable, PromptTooLong, require_vllm
     from coevolve.rundir import RunDirError, check_run_dir, claim_run_dir
     from coevolve.store import CheckpointDamaged, RunStore
@@ -159,10 +160,8 @@ def run(
         _fail(f"interrupted; continue with: coevolve run --resume {out_dir}", code)
     if not distributed.is_main():
         return
-    final = summary.get("final_eval") or {}
-    accs = "  ".join(f"{k.split('/', 1)[1].replace('/accuracy', '')} {v:.3f}" for k, v in final.items()
-                     if k.startswith("eval/"))
-    typer.echo(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s  {accs}")
+    typer.echo(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s  "
+               f"{accuracy_line(summary.get('final_eval') or {})}")
 
 
 def _launch_ranks(processes: int, out_dir: Path) -> None:

@@ -127,4 +127,17 @@ def evaluation_table(row: dict[str, Any]) -> dict[str, dict[str, float]]:
     return table
 
 
+
+def is_evaluation(row: dict[str, Any]) -> bool:
+    """Whether a ``metrics.jsonl`` row is an evaluation's (``eval/<set>/...`` keys), not a training step's."""
+    return any(key.startswith("eval/") for key in row)
+
+
+def accuracy_line(row: dict[str, Any]) -> str:
+    """An evaluation row's accuracies on one line: ``<set> <strict>  <set>_lenient <lenient>`` per set."""
+    return "  ".join(f"{name} {scores['accuracy']:.3f}  {name}_lenient {scores['accuracy_lenient']:.3f}"
+                     for name, scores in evaluation_table(row).items()
+                     if isinstance(scores.get("accuracy"), float) and isinstance(scores.get("accuracy_lenient"), float))
+
+
 _FIELDS = {f.name for f in fields(SampleRow)} - {"extra"}
