@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 # Tokens per forward/backward pass on a GPU when train.micro_batch_tokens is unset (H200, 1.5B: 27% of the bf16 peak
 # against 22% for passes of 8 x 640-token sequences; 0.5B: 14% against 8%; bench/README.md).
@@ -194,18 +194,6 @@ class RunConfig(Strict):
         if unknown:
             raise ValueError(f"unknown evaluation set {unknown[0]!r} (known: {', '.join(BENCHMARKS)})")
         return sets
-
-    @model_validator(mode="after")
-    def _behaviour_policy_mismatch_needs_tis(self) -> "RunConfig":
-        """Rollouts not sampled from the trainer's pi need TIS (2.0 unless a cap is set): vLLM's log-probs are not the
-        trainer's, a bf16 sampler copy rounds the weights, and constrained decoding samples from a masked
-        distribution q; the weights min(pi_old / q, cap) correct for all three. (``rollout.dtype: auto`` is resolved
-        where the device is known, by the recipe's trainers.)"""
-        constrained = self.params.get("format_constraint") or self.params.get("solver_format_constraint")
-        other_sampler = self.rollout.engine == "vllm" or self.rollout.dtype == "bf16"
-        if (other_sampler or constrained) and self.train.tis_cap is None:
-            self.train.tis_cap = DEFAULT_TIS_CAP
-        return self
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

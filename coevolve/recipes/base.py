@@ -184,13 +184,9 @@ class Recipe:
         train = self.config.train
         on_cuda = distributed.device_for(self.config.device).type == "cuda"
         bf16 = self._bf16(train.dtype)
-        # A bf16 sampler copy's log-probs are not the trainer's: TIS on, as with vLLM (config.py sets it for the
-        # explicit settings; ``auto`` is known here).
-        tis_cap = train.tis_cap if train.tis_cap is not None or not self._bf16(self.config.rollout.dtype) \
-            else DEFAULT_TIS_CAP
         settings = update_settings(
             train, self.role_settings(role), micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda),
-            tis_cap=tis_cap,
+            tis_cap=self.tis_cap(self.config, self.params, bf16_sampler=self._bf16(self.config.rollout.dtype)),
             norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature, dtype="bf16" if bf16 else "fp32",
             gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing)
@@ -206,6 +202,22 @@ class Recipe:
         if self._residency is not None:
             self._residency.register(trainer)
         return trainer
+
+    @classmethod
+    def tis_cap(cls, config: RunConfig, params: RecipeParams, bf16_sampler: bool) -> float | None:
+        """The cap of truncated importance sampling: ``train.tis_cap``, else ``DEFAULT_TIS_CAP`` where rollouts are
+        not sampled from the trainer's pi (vLLM's log-probs are not the trainer's, a bf16 sampler copy rounds the
+        weights, constrained decoding samples from a masked distribution q: the weights min(pi_old / q, cap) correct
+        for all three), else None (off)."""
+        if config.train.tis_cap is not None:
+            return config.train.tis_cap
+        other = config.rollout.engine == "vllm" or bf16_sampler or cls.constrains_rollouts(params)
+        return DEFAULT_TIS_CAP if other else None
+
+    @classmethod
+    def constrains_rollouts(cls, params: RecipeParams) -> bool:
+        """Whether the recipe's rollouts are sampled under a format constraint (format help)."""
+        return False
 
     def role_settings(self, role: str) -> RoleSettings | None:
         """``role``'s own update settings over the run's ``train`` (``roles.<role>``), or None."""

@@ -74,6 +74,10 @@ class GeneratorRecipe(Recipe):
             raise ConfigError(f"config key 'task': the {cls.name} generator has no output format for the "
                               f"{config.task} task (it has: {', '.join(cls.formats)})")
 
+    @classmethod
+    def constrains_rollouts(cls, params: GeneratorParams) -> bool:
+        return params.format_constraint or params.solver_format_constraint
+
     def solver_budget(self, sampling: SamplingParams, max_new_tokens: int) -> SamplingParams:
         """``sampling`` with another token budget (and, with ``params.solver_format_constraint``, the answer format's
         constraint for that budget)."""
