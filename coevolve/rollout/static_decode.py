@@ -23,7 +23,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from coevolve.rollout.base import SamplingParams, left_pad, position_ids_from_mask
+from coevolve.rollout.base import SamplingParams, distinct_prompts, left_pad, position_ids_from_mask
 
 DECODE_ATTENTION = "coevolve_decode"
 BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -192,9 +192,7 @@ class StaticDecoder:
         """Run each distinct prompt once into a small cache, copy it to every row; returns the next-token logits."""
         device = self.slot_ids.device
         batch = len(prompt_ids)
-        distinct = list(dict.fromkeys(map(tuple, prompt_ids)))
-        index = {ids: i for i, ids in enumerate(distinct)}
-        expand = torch.tensor([index[tuple(ids)] for ids in prompt_ids], device=device)
+        distinct, expand = distinct_prompts(prompt_ids, device)
         ids, attention = left_pad(distinct, pad_id)
         ids, attention = ids.to(device), attention.to(device)
         width, real, positions = ids.shape[1], attention.bool(), position_ids_from_mask(attention)
