@@ -90,6 +90,10 @@ def phase_lr_factor(settings: UpdateSettings, index: int, total: int) -> float:
     return settings.lr_min_ratio + (1 - settings.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+# The mini-batch order of update u is drawn with seed * UPDATE_SEED_STRIDE + u: a prime stride above any run's
+# number of updates, so that no two (seed, update) pairs share an order.
+UPDATE_SEED_STRIDE = 1_000_003
+
 # Packing a micro-batch into one row needs an N x N attention mask (N = its tokens); past this the mask's memory
 # and the attention over it cost more than padding, so longer micro-batches are padded instead.
 PACK_MAX_TOKENS = 4096
@@ -383,7 +387,7 @@ class PolicyTrainer:
         old = None if single_step else self._frozen_logprobs(self.model, samples)
         ref = self._reference_logprobs(samples)
         rollout = _right_aligned([s.rollout_logprobs for s in samples], width).to(self.device)
-        order_rng = random.Random(self.seed * 1_000_003 + self.updates_done)
+        order_rng = random.Random(self.seed * UPDATE_SEED_STRIDE + self.updates_done)
         totals: dict[str, float] = {}
         steps = skipped = 0
         self.model.train()
