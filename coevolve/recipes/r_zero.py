@@ -86,40 +86,40 @@ BLEU_TOKENS = {"chat": "none", "arith": "char"}  # the repetition penalty's BLEU
 # The optimizer of both codes (R-Zero's EasyR1 and Prism's verl actor configs), which the paper leaves open: clip
 # 0.2/0.3 with dual clip c = 3, AdamW with weight decay 0.01, started afresh by each phase's training job; a role on
 # the cosine schedule (Prism's solver) decays to 10% of the peak over a phase.
-_CODE_OPTIMIZER = {"clip_low": 0.2, "clip_high": 0.3, "dual_clip": 3.0, "weight_decay": 0.01,
+CODE_OPTIMIZER = {"clip_low": 0.2, "clip_high": 0.3, "dual_clip": 3.0, "weight_decay": 0.01,
                    "optimizer_reset": "phase", "lr_min_ratio": 0.1}
 # ``small``: the same optimizer at tiny-arith scale (one full-batch AdamW step per update, so the ratio is 1 and the
 # clip ranges are inert) with a constant lr (docs/recipes/r_zero.md).
-_SMALL_TRAIN = {k: v for k, v in _CODE_OPTIMIZER.items() if k != "lr_min_ratio"}
+SMALL_TRAIN = {k: v for k, v in CODE_OPTIMIZER.items() if k != "lr_min_ratio"}
 # The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU). Sampling as in both codes:
 # training rollouts of either role at top_p 0.99 and up to 4,096 tokens, the solver's scoring and labelling votes at
 # top_k 40 (rollout.scoring), the questioner's pool at top_p 0.95 (params.pool_top_p).
 # Prism's scripts (verl; issue 11): per questioner step 512 prompts x 4 outputs in mini-batches of 16
 # prompts, per solver step 512 questions x 8 rollouts in mini-batches of 128 questions, 2 PPO epochs each.
-_PRISM_ROLES = {"questioner": {"mini_batch_size": 16 * 4, "epochs": 2},
+PRISM_ROLES = {"questioner": {"mini_batch_size": 16 * 4, "epochs": 2},
                 "solver": {"mini_batch_size": 128 * 8, "epochs": 2, "lr_schedule": "cosine"}}
-_PAPER_SCALE = {
-    "model": "smollm2-135m", "task": "math", "steps": 104, "eval_every": 26, "roles": _PRISM_ROLES,
+PAPER_SCALE = {
+    "model": "smollm2-135m", "task": "math", "steps": 104, "eval_every": 26, "roles": PRISM_ROLES,
     "rollout": {"temperature": 1.0, "top_p": 0.99, "top_k": 0, "max_new_tokens": 4096, "batch_size": 64,
                 "scoring": {"top_p": 1.0, "top_k": 40}},
-    "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4, **_CODE_OPTIMIZER},
+    "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4, **CODE_OPTIMIZER},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 1024,
 }
-_PAPER_PARAMS = {"questioner_prompts": 512, "questioner_group": 4, "score_samples": 10, "pool_size": 8000,
+PAPER_PARAMS = {"questioner_prompts": 512, "questioner_group": 4, "score_samples": 10, "pool_size": 8000,
                  "label_samples": 8, "solver_questions": 512, "solver_group": 8, "question_max_tokens": 4096,
                  "pool_top_p": 0.95, "label_max_tokens": 2048}
 # Prism's released code where it differs from its paper (both recipes).
-_PRISM_CODE = {
-    **_PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
-    "train": {**_PAPER_SCALE["train"], "lr": 1e-6},
+PRISM_CODE = {
+    **PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
+    "train": {**PAPER_SCALE["train"], "lr": 1e-6},
 }
-_PRISM_CODE_PARAMS = {**_PAPER_PARAMS, "solver_steps": 50, "pool_p_denominator": "all",
+PRISM_CODE_PARAMS = {**PAPER_PARAMS, "solver_steps": 50, "pool_p_denominator": "all",
                       "solver_format_weight": 0.1, "filter_prove": False}
 # R-Zero's own repository (EasyR1 config and scripts): 5 iterations, questioner 512 prompts x 4 in mini-batches of
 # 16 prompts, solver 512 questions x 5 in mini-batches of 128 questions, 1 PPO epoch, KL (low_var_kl) 1e-2.
-_RZERO_CODE = {
-    **_PAPER_SCALE, "steps": 5 * (5 + 15), "eval_every": 20,
-    "train": {**_PAPER_SCALE["train"], "lr": 1e-6, "kl_beta": 1e-2},
+RZERO_CODE = {
+    **PAPER_SCALE, "steps": 5 * (5 + 15), "eval_every": 20,
+    "train": {**PAPER_SCALE["train"], "lr": 1e-6, "kl_beta": 1e-2},
     "params": {"questioner_steps": 5, "solver_steps": 15, "questioner_prompts": 512, "questioner_group": 4,
                "score_samples": 10, "pool_size": 8000, "label_samples": 9, "band": [0.3, 0.8],
                "pool_p_denominator": "all", "solver_questions": 512, "solver_group": 5, "reward_form": "code",
@@ -238,10 +238,10 @@ class RZero(GeneratorRecipe):
     defaults = {"steps": 104, "eval_every": 26, "rollout": {"temperature": 1.0, "max_new_tokens": 64},
                 "train": {"lr": 3e-5, "grad_clip": 1.0}}
     presets = {
-        "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26, "train": _SMALL_TRAIN},
-        "paper": {**_PAPER_SCALE, "params": {**_PAPER_PARAMS, "advantage": "dr_grpo"}},
-        "reference_code": _RZERO_CODE,
-        "prism_code": {**_PRISM_CODE, "params": {**_PRISM_CODE_PARAMS, "reward_form": "code", "band": [0.3, 0.8]}},
+        "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26, "train": SMALL_TRAIN},
+        "paper": {**PAPER_SCALE, "params": {**PAPER_PARAMS, "advantage": "dr_grpo"}},
+        "reference_code": RZERO_CODE,
+        "prism_code": {**PRISM_CODE, "params": {**PRISM_CODE_PARAMS, "reward_form": "code", "band": [0.3, 0.8]}},
     }
 
     def __init__(self, config, params: RZeroParams):
