@@ -9,6 +9,7 @@ import statistics
 
 import pytest
 
+from coevolve.formats import Generation
 from coevolve.grading.vote import majority_vote
 from coevolve.loop import run
 from coevolve.recipes import resolve
@@ -124,7 +125,7 @@ def _pasodoble(model_dir, *sets):
         "params.solutions=4", "rollout.max_new_tokens=8", "params.proposer_max_tokens=8", "train.lr=1e-2",
         "params.solver_reward=random_full", "params.tau_low=0", *sets])
     recipe = cls(config, params)
-    recipe.read_generation = lambda text, passage: ("a+b", "7")
+    recipe.read_generation = lambda output, document: Generation("a+b", "7")
     return recipe, config
 
 

@@ -76,6 +76,7 @@ CHAT_FORMAT = GeneratorFormat(
                       f"\\boxed{{{e.answer}}}</answer>"),
     warmup_inputs=lambda e, examples, rng: {"document": e.solution})  # the passage: the example's worked solution
 _THINK_END = "</think>"
+TOKEN_PAIR_BASE = 1_000_003  # a prime above any vocabulary size: a pair of token ids (a, b) is a * base + b
 
 
 # The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU).
@@ -137,9 +138,10 @@ class Proposal:
 
     passage: str | None
     group: int
-    output: Completion
+    output: Completion | None  # None: a question replayed from the offline buffer
     question: str | None = None
     answer: str | None = None  # a_i*
+    oracle: dict[str, Any] | None = None  # the arithmetic checker's facts about (q, a*): analytics only
     solutions: list[Completion] = field(default_factory=list)
     solver_answers: list[str | None] = field(default_factory=list)
     solver_rewards: list[float] = field(default_factory=list)
@@ -263,7 +265,7 @@ class PasoDoble(GeneratorRecipe):
 
     # --- Algorithms 1 and 2 -----------------------------------------------------------------------------------
     def step(self, step: int) -> StepOutput:
-        if self.params.max_updates is not None and self.updates >= self.params.max_updates:
+        if self.finished():
             return StepOutput({"skipped": 1.0, "updates": float(self.updates), "done": 1.0})
         if self.params.mode == "online":
             out = self.online_step(step)
@@ -335,7 +337,7 @@ class PasoDoble(GeneratorRecipe):
         count = min(p.replay_batch, len(self.buffer))
         entries = [self.buffer[(self.pointer + i) % len(self.buffer)] for i in range(count)]
         self.pointer = (self.pointer + count) % len(self.buffer)
-        replayed = [Proposal(e.doc, i, Completion("", [], [], ""), e.question, e.answer) for i, e in enumerate(entries)]
+        replayed = [Proposal(e.doc, i, None, e.question, e.answer) for i, e in enumerate(entries)]
         with timer("solve"):
             self.solve(replayed, step_seed(self.config.seed, step, "replay"))
         for entry in entries:
@@ -353,7 +355,8 @@ class PasoDoble(GeneratorRecipe):
                    "replay/kept_rate": len(kept) / count, "replay/pass_rate_mean": mean([x.p_raw for x in replayed]),
                    **stats, "skipped": float(not kept), "phase_proposer": 0.0, "buffer/size": float(len(self.buffer)),
                    **timer}
-        return StepOutput(metrics, [row for x in replayed for row in self.solver_records(step, x, id(x) in kept_ids)])
+        return StepOutput(metrics, [row for x in replayed
+                                    for row in self.solver_records(step, "replay", x, id(x) in kept_ids, x.question)])
 
     # --- the pieces -------------------------------------------------------------------------------------------
     def propose_and_score(self, step: int, timer: PhaseTimer) -> list[Proposal]:
@@ -369,6 +372,7 @@ class PasoDoble(GeneratorRecipe):
         for x in proposals:  # line 3: q_i, a_i*
             generation = self.read_generation(x.output, document=x.passage)
             x.question, x.answer = generation.question, generation.answer
+            x.oracle = self.task.oracle(x.question, self.solver_doc(x.passage), x.answer, x.answer)
         self.watch_format(step, sum(bool(x.question and x.answer) for x in proposals), len(proposals))
         with timer("solve"):  # lines 4-5: J answers per question, pass rate
             self.solve([x for x in proposals if x.question], step_seed(seed, step, "solve"))
@@ -434,7 +438,7 @@ class PasoDoble(GeneratorRecipe):
         ids = self.proposer.tokenizer(question, add_special_tokens=False)["input_ids"] if question else []
         if self.params.question_tokens == "ids":
             return frozenset(ids)
-        return frozenset(a * 1_000_003 + b for a, b in zip(ids, ids[1:]))
+        return frozenset(a * TOKEN_PAIR_BASE + b for a, b in zip(ids, ids[1:]))
 
     def retained(self, p: float) -> bool:
         """ret = 1[tau_low < p < 1] (§3.4)."""
@@ -482,8 +486,8 @@ class PasoDoble(GeneratorRecipe):
         p = self.params
         posed = [x for x in proposals if x.question]
         retained = [x for x in proposals if self.retained(x.p)]
-        audited = [self.task.oracle(x.question, self.solver_doc(x.passage), x.answer, x.answer) for x in retained]
-        audited = [o["label_correct"] for o in audited if o and o.get("label_correct") is not None]
+        audited = [x.oracle["label_correct"] for x in retained
+                   if x.oracle and x.oracle.get("label_correct") is not None]
         return {
             "generator/reward_mean": mean([x.reward for x in proposals]),
             "solver/reward_mean": mean([r for x in proposals for r in x.solver_rewards]),
@@ -505,21 +509,20 @@ class PasoDoble(GeneratorRecipe):
         """One generator row per proposal, one solver row per Solver answer (``trained``: it entered an update)."""
         rows = []
         for i, x in enumerate(proposals):
-            doc = self.solver_doc(x.passage)
             rows.append(generator_row(
                 step, None, "propose", x.output, question=x.question, question_id=f"s{step}-q{i}",
                 valid=bool(x.question and x.answer), answer=x.answer, label=x.answer, label_source="generator",
                 solve_rate=x.p if x.question else None, reward=x.reward,
                 reward_terms={"p_raw": x.p_raw, "leak": x.leak, "r_div": x.r_div}, advantage=x.advantage,
-                oracle=self.task.oracle(x.question, doc, x.answer, x.answer),
-                extra={"passage": x.passage, "retained": self.retained(x.p)}))
-            rows += self.solver_records(step, x, trained and self.retained(x.p), qid=f"s{step}-q{i}")
+                oracle=x.oracle, extra={"passage": x.passage, "retained": self.retained(x.p)}))
+            rows += self.solver_records(step, "solve", x, trained and self.retained(x.p), f"s{step}-q{i}")
         return rows
 
-    def solver_records(self, step: int, x: Proposal, trained: bool, qid: str | None = None) -> list[SampleRow]:
+    def solver_records(self, step: int, phase: str, x: Proposal, trained: bool, qid: str | None) -> list[SampleRow]:
+        """One solver row per Solver answer to ``x`` (phase ``solve`` online and in Phase A, ``replay`` in Phase B)."""
         doc = self.solver_doc(x.passage)
         return [solver_row(
-            step, None, "solve" if qid else "replay", s, question=x.question, question_id=qid or x.question,
+            step, None, phase, s, question=x.question, question_id=qid,
             answer=a, label=x.answer, label_source="generator", solve_rate=x.p, reward=r, reward_terms={"agree": r},
             advantage=adv, oracle=self.task.oracle(x.question, doc, a, x.answer), extra={"trained": trained},
         ) for s, a, r, adv in zip(x.solutions, x.solver_answers, x.solver_rewards, x.solver_advantages)]
