@@ -25,7 +25,7 @@ import logging
 import random
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from coevolve.data.benchmarks import _raw_rows, get_benchmark
 from coevolve.rollout.base import Completion
@@ -49,7 +49,7 @@ def load_worked_examples(count: int, seed: int = 0, data_dir: str | None = None)
     """``count`` GSM8K-train problems (a seeded sample) with solutions and answers, for examples and warm-up data;
     only problems whose question and solution fit the formats' length bounds (``MAX_CHARS``, ``MAX_SOLUTION_CHARS``)."""
     bench = get_benchmark("gsm8k_train")
-    rows = _raw_rows(bench, bench.relpath, data_dir)
+    rows = _raw_rows(bench, bench.relpath or "", data_dir)
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     examples = []
@@ -89,17 +89,12 @@ class Generation:
         return self.question is not None and not self.rejected
 
 
-class PromptBuilder(Protocol):
-    """A format's user message for the prompt ``style`` and the recipe's keyword inputs (``document=``, ...)."""
-
-    def __call__(self, style: str, **inputs: Any) -> str: ...
-
-
-class OutputParser(Protocol):
-    """A format's reading of one generator output (the completion, with its finish reason) in the prompt ``style``,
-    with the recipe's keyword inputs."""
-
-    def __call__(self, output: Completion, style: str, **inputs: Any) -> Generation: ...
+# A format's user message: ``prompt(style, **inputs)`` for the prompt style and the recipe's keyword inputs
+# (``document=``, ``reference=``, ...).
+PromptBuilder = Callable[..., str]
+# A format's reading of one generator output: ``parse(output, style, **inputs)`` for the completion (with its finish
+# reason), the prompt style and the recipe's keyword inputs.
+OutputParser = Callable[..., Generation]
 
 
 @dataclass(frozen=True)
@@ -158,6 +153,8 @@ def examples_block(fmt: GeneratorFormat, examples: list[WorkedExample]) -> str:
     """The text appended to a generator prompt by ``params.format_examples``: the examples in the exact format."""
     if not examples:
         return ""
+    if fmt.render is None:
+        raise ValueError(f"the format {fmt.description!r} has no worked-example renderer")
     shown = "\n\n".join(f"Example {i}:\n{fmt.render(e)}" for i, e in enumerate(examples, 1))
     return f"\n\nExamples of the required output format (write a new problem, in exactly this format):\n\n{shown}"
 

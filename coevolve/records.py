@@ -15,7 +15,7 @@ the names were pinned read back with today's names (:func:`current_metric_names`
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from coevolve.rollout.base import Completion
 
@@ -64,10 +64,11 @@ class SampleRow:
             return None if row.get(key) is None else str(row[key])
 
         return cls(
-            step=of("step", int), iteration=of("iteration", int, bool), role=text("role"), phase=text("phase"),
-            prompt=text("prompt"), completion=text("completion"), question=of("question", str),
+            step=of("step", int), iteration=of("iteration", int, bool), role=text("role") or "",
+            phase=text("phase") or "", prompt=text("prompt") or "", completion=text("completion") or "",
+            question=of("question", str),
             question_id=text("question_id"), valid=bool(row.get("valid")), answer=of("answer", str),
-            label=text("label"), label_source=OLD_LABEL_SOURCES.get(row.get("label_source"), text("label_source")),
+            label=text("label"), label_source=_label_source(row.get("label_source")),
             solve_rate=of("solve_rate", int, float),
             reward=of("reward", int, float), reward_terms=of("reward_terms", dict),
             advantage=of("advantage", int, float), tokens=of("tokens", int), oracle=of("oracle", dict),
@@ -138,6 +139,12 @@ def accuracy_line(row: dict[str, Any]) -> str:
     return "  ".join(f"{name} {scores['accuracy']:.3f}  {name}_lenient {scores['accuracy_lenient']:.3f}"
                      for name, scores in evaluation_table(row).items()
                      if isinstance(scores.get("accuracy"), float) and isinstance(scores.get("accuracy_lenient"), float))
+
+
+def _label_source(value: Any) -> LabelSource | None:
+    """A row's label source read back: today's names, an older name as today's, anything else None."""
+    value = OLD_LABEL_SOURCES.get(str(value), value)
+    return next((source for source in get_args(LabelSource) if value == source), None)
 
 
 _FIELDS = {f.name for f in fields(SampleRow)} - {"extra"}

@@ -452,11 +452,11 @@ class PolicyTrainer:
             loss.backward()
             loss_sum += loss.detach()
             share = stats["n_tokens"] / max(total_tokens, 1)  # token-level statistics, weighted by tokens
-            for k, v in stats.items():
-                if k.endswith("_max"):
-                    stats_max[k] = max(stats_max.get(k, -math.inf), float(v))
-                elif k not in ("n_tokens", "n_sequences", "nonfinite"):
-                    stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * share
+            for name, v in stats.items():
+                if name.endswith("_max"):
+                    stats_max[name] = max(stats_max.get(name, -math.inf), float(v))
+                elif name not in ("n_tokens", "n_sequences", "nonfinite"):
+                    stats_sum[name] = stats_sum.get(name, 0.0) + float(v) * share
         shares = distributed.all_gather_objects((nonfinite, float(loss_sum), stats_sum, stats_max))
         if any(bad for bad, *_ in shares):
             log.warning("non-finite loss in a mini-batch; optimizer step skipped")

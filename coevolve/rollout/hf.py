@@ -117,7 +117,7 @@ class HFRolloutEngine:
         rollout seed contract), so sampling a slice of whole batches reproduces the whole call's samples.
         """
         static = self.copy is not None and params.regex is None and supports_static(self.model)
-        model = self.copy.current() if static else self.model
+        model = self.copy.current() if self.copy is not None and static else self.model
         generator = torch.Generator(device=next(model.parameters()).device)
         completions: list[Completion] = []
         for start in range(0, len(prompts), self.batch_size):

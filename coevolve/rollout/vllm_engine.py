@@ -154,7 +154,7 @@ class VLLMRolloutEngine:
 
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
         sampling = [self._sampling_params(params, seed, i, len(ids)) for i, ids in enumerate(prompt_ids)]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False) if requests else []
+        outputs = self._started().generate(requests, sampling, use_tqdm=False) if requests else []
         completions = [self._completion(prompt, ids, out.outputs[0])
                        for prompt, ids, out in zip(prompts, prompt_ids, outputs)]
         self._sleep()
@@ -175,9 +175,10 @@ class VLLMRolloutEngine:
         self._ensure_engine()
         self._wake()
         started = time.perf_counter()
-        self.llm.collective_rpc(_reload_worker_weights, args=(hf_state_dict(self.model),))
+        engine = self._started()
+        engine.collective_rpc(_reload_worker_weights, args=(hf_state_dict(self.model),))
         version = self.version()  # after the LoRA merge and unmerge, which write the base weights
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.synced_version = version
         seconds = time.perf_counter() - started
         self.sync_seconds += seconds
@@ -189,6 +190,13 @@ class VLLMRolloutEngine:
             self.sync_weights()
 
     # --- engine life cycle ----------------------------------------------------------------------------
+    def _started(self):
+        """The running engine (``vllm.LLM``), started on first use."""
+        self._ensure_engine()
+        if self.llm is None:
+            raise EngineUnavailable(f"vLLM did not start an engine for {self.model_source}")
+        return self.llm
+
     def _ensure_engine(self) -> None:
         if self.llm is not None:
             return
@@ -228,12 +236,12 @@ class VLLMRolloutEngine:
     def _sleep(self) -> None:
         """CUDA with sleep mode: free weights and KV cache until the next call (the weights are re-synced then)."""
         if self.on_cuda and self.settings.sleep and not self.asleep:
-            self.llm.sleep(level=2)
+            self._started().sleep(level=2)
             self.asleep, self.synced_version = True, None
 
     def _wake(self) -> None:
         if self.asleep:
-            self.llm.wake_up()
+            self._started().wake_up()
             self.asleep = False
 
     # --- conversions --------------------------------------------------------------------------------

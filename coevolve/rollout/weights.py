@@ -68,7 +68,7 @@ class SamplerCopy:
             self.model = self._build()
         elif self.version() == self.loaded_version:
             return self.model
-        self._load()
+        self._load(self.model)
         self.refresh_seconds += time.perf_counter() - started
         self.refreshes += 1
         return self.model
@@ -92,8 +92,8 @@ class SamplerCopy:
         return clone
 
     @torch.no_grad()
-    def _load(self) -> None:
-        params = dict(self.model.named_parameters(remove_duplicate=False))
+    def _load(self, model: torch.nn.Module) -> None:
+        params = dict(model.named_parameters(remove_duplicate=False))
         for name, tensor in hf_state_dict(self.source):
             if name in params:
                 params[name].copy_(tensor)
