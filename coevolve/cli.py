@@ -8,9 +8,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Iterator, Optional
 
 import typer
 
@@ -60,15 +60,15 @@ def recipes() -> None:
 
 @app.command()
 def run(
-    recipe: Optional[str] = typer.Argument(None, help="recipe name (see `coevolve recipes`)"),
-    preset: Optional[str] = typer.Option(None, "--preset", help="named defaults shipped with the recipe"),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML config file"),
+    recipe: str | None = typer.Argument(None, help="recipe name (see `coevolve recipes`)"),
+    preset: str | None = typer.Option(None, "--preset", help="named defaults shipped with the recipe"),
+    config: Path | None = typer.Option(None, "--config", help="YAML config file"),
     set_: list[str] = typer.Option([], "--set", help="override a key: --set train.lr=1e-4 (repeatable)"),
-    out: Optional[str] = typer.Option(None, "--out", help="run directory: absent or empty (default "
+    out: str | None = typer.Option(None, "--out", help="run directory: absent or empty (default "
                                       "runs/<recipe>-<time>)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace the run in --out (removes only what a run "
                                    "wrote there)"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this directory"),
+    resume: Path | None = typer.Option(None, "--resume", help="continue the run in this directory"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the model folder's own Python "
                                            "code run (needed whatever the config says)"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
@@ -187,7 +187,7 @@ def _launch_ranks(processes: int, out_dir: Path) -> None:
 def sft(
     recipe: str = typer.Argument(..., help="recipe whose generator output format to teach (see `coevolve recipes`)"),
     set_: list[str] = typer.Option([], "--set", help="override a warm-up key: --set steps=60 (repeatable)"),
-    out: Optional[str] = typer.Option(None, "--out", help="output folder, absent or empty (default "
+    out: str | None = typer.Option(None, "--out", help="output folder, absent or empty (default "
                                       "runs/sft-<recipe>-<time>)"),
     quiet: bool = typer.Option(False, "--quiet", help="no per-step loss lines"),
 ) -> None:
@@ -221,18 +221,18 @@ def eval_(
     sets: str = typer.Option(None, "--sets", "--task", help="comma-separated evaluation sets (default: the run's)"),
     preset: str = typer.Option("greedy", "--preset", help="sampling defaults: greedy or a paper's protocol "
                                "(prism, dynamic_rl, opensir, pasodoble, infuser)"),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="seeded subset of this many questions per set"),
-    n: Optional[int] = typer.Option(None, "--n", min=1, help="samples per question (avg@n, pass@k)"),
-    k: Optional[int] = typer.Option(None, "--k", min=1, help="k for pass@k (default n)"),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy"),
-    top_p: Optional[float] = typer.Option(None, "--top-p"),
-    top_k: Optional[int] = typer.Option(None, "--top-k"),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens"),
-    checkpoint: Optional[int] = typer.Option(None, "--checkpoint", "--step", help="run dir: which step (default "
+    limit: int | None = typer.Option(None, "--limit", min=1, help="seeded subset of this many questions per set"),
+    n: int | None = typer.Option(None, "--n", min=1, help="samples per question (avg@n, pass@k)"),
+    k: int | None = typer.Option(None, "--k", min=1, help="k for pass@k (default n)"),
+    temperature: float | None = typer.Option(None, "--temperature", help="0 = greedy"),
+    top_p: float | None = typer.Option(None, "--top-p"),
+    top_k: int | None = typer.Option(None, "--top-k"),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens"),
+    checkpoint: int | None = typer.Option(None, "--checkpoint", "--step", help="run dir: which step (default "
                                              "latest)"),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with the benchmark files"),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="folder with the benchmark files"),
     seed: int = typer.Option(0, "--seed"),
-    out: Optional[Path] = typer.Option(None, "--out", help="where to write per-question results"),
+    out: Path | None = typer.Option(None, "--out", help="where to write per-question results"),
     engine_name: str = typer.Option("hf", "--engine", help="sampler: hf (transformers) or vllm (in-process vLLM)"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the model folder's own Python "
                                            "code run (a run directory's saved config does not)"),
@@ -293,9 +293,9 @@ def export(
     out: str = typer.Option(..., "--out", help="folder for the model: absent or empty (or an earlier export, with "
                             "--overwrite)"),
     step: str = typer.Option("latest", "--step", help="checkpoint: a step number, latest, or best (by --metric)"),
-    metric: Optional[str] = typer.Option(None, "--metric", help="--step best ranks checkpoints by this metrics.jsonl "
+    metric: str | None = typer.Option(None, "--metric", help="--step best ranks checkpoints by this metrics.jsonl "
                                          "name (default eval/<first eval set>/accuracy, strict)"),
-    role: Optional[str] = typer.Option(None, "--role", help="which model of the run (default the solver; "
+    role: str | None = typer.Option(None, "--role", help="which model of the run (default the solver; "
                                        "generator, questioner, proposer or policy by the recipe's names)"),
     dtype: str = typer.Option("fp32", "--dtype", help="weights as fp32 (as trained) or bf16"),
     merge: bool = typer.Option(True, "--merge/--adapter", help="LoRA runs: merge the adapters into the weights "
@@ -335,7 +335,7 @@ def export(
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="run directory"),
-    out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default RUN/report/report.html)"),
+    out: Path | None = typer.Option(None, "--out", help="HTML file (default RUN/report/report.html)"),
     no_embed: bool = typer.Option(False, "--no-embed", help="skip embedding-based diversity (no encoder)"),
 ) -> None:
     """Write one self-contained HTML report (plots embedded) of a run's training and curriculum."""

@@ -24,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

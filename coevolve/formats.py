@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from coevolve.data.benchmarks import _raw_rows, get_benchmark
 from coevolve.rollout.base import Completion
@@ -141,7 +142,7 @@ def solver_answer_regex(max_tokens: int) -> str:
     budget, so that it fits in ``max_tokens`` (English text averages about 4 characters a token). The answer is a
     number (GSM8K's are; MATH's LaTeX answers are not possible): with free text in the box, a 135M solver's answers
     never agreed with each other or with a generator's answer."""
-    return r"[^\\]{0,%d}\\boxed\{-?[0-9]{1,7}(\.[0-9]{1,4})?\}" % max(3 * max_tokens - 40, 0)
+    return r"[^\\]{0,%d}\\boxed\{-?[0-9]{1,7}(\.[0-9]{1,4})?\}" % max(3 * max_tokens - 40, 0)  # noqa: UP031
 
 
 def one_line(text: str) -> str:

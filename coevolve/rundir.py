@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Union
 
 from filelock import FileLock, Timeout
 

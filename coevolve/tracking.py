@@ -3,7 +3,8 @@
 The loop calls one :class:`Tracker` (rank 0 only): ``log`` for every metrics row (the names and values of
 ``metrics.jsonl``), ``resumed`` with the earlier rows when a run continues, ``finish`` at the end. ``tensorboard``
 writes ``RUN/tb/``; ``wandb`` (the optional extra ``coevolve[wandb]``) sends the resolved config, the rows, the
-evaluation tables and, at the end, the run's HTML report as an artifact. Its run id is kept in ``RUN/wandb_run.json`` so that
+evaluation tables and, at the end, the run's HTML report as an artifact. Its run id is kept in
+``RUN/wandb_run.json`` so that
 ``--resume`` continues the same W&B run; rows carry their ``step`` as W&B's step metric, so a row sent again after a
 resume is another point at the same step, never a refused one. Each evaluation row also goes as a table (set,
 strict and lenient accuracy).
@@ -15,8 +16,9 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from coevolve.records import evaluation_table
 

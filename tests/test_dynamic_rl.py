@@ -84,7 +84,8 @@ ARITH_SCRIPT = {
 # labels 3, 7, 3, NONE:            R_da = [1/2, 1, 1/2, 1]
 # q3 is malformed, so it takes the minimum over q0-q2 of each diversity term (our reading): R_dq 3/7, R_da 1/2.
 R_Q, R_DQ, R_DA = [1.0, 0.0, 1 / 3, 0.0], [3 / 7, 3 / 7, 3 / 5, 3 / 7], [0.5, 1.0, 0.5, 0.5]
-# Z(R_q):  mean 1/3, centred [2/3, -1/3, 0, -1/3], unbiased std sqrt((6/9)/3) = 0.471405 -> [1.414214, -0.707107, 0, -0.707107]
+# Z(R_q):  mean 1/3, centred [2/3, -1/3, 0, -1/3], unbiased std sqrt((6/9)/3) = 0.471405
+#          -> [1.414214, -0.707107, 0, -0.707107]
 # Z(R_dq): three values a = 3/7 and one b = 3/5, d = b - a: centred [-d/4, -d/4, 3d/4, -d/4], unbiased std d/2
 #          -> [-1/2, -1/2, 3/2, -1/2]
 # Z(R_da): three 1/2 and one 1 (q1), same shape -> [-1/2, 3/2, -1/2, -1/2]
@@ -144,7 +145,8 @@ def test_one_step_by_hand(canned_arith):
     assert m["reward/R_s"] == pytest.approx(8 / 12) and m["solver/reward_mean"] == pytest.approx(8 / 12)
     assert m["generator/reward_mean"] == pytest.approx(sum(g["reward"] for g in gens) / 4)
     assert m["questions/valid_rate"] == 0.75 and m["questions/filtered_rate"] == 0.25
-    assert m["questions/solve_rate_mean"] == pytest.approx(2 / 3) and m["questions/all_agree_rate"] == pytest.approx(1 / 3)
+    assert m["questions/solve_rate_mean"] == pytest.approx(2 / 3)
+    assert m["questions/all_agree_rate"] == pytest.approx(1 / 3)
     assert m["questions/unique_label_ratio"] == pytest.approx(0.75)  # classes 3, 7, NONE among 4 labels
     assert m["solver/none_rate"] == pytest.approx(1 / 12)
     assert m["generator/advantage_abs_mean"] == pytest.approx(sum(abs(a) for a in A_Q) / 4, abs=1e-5)
@@ -210,7 +212,8 @@ def test_parse_paper_question():
     assert parse_paper_question(completion("Question: What is 1+1?\nSolution:")) == Generation("What is 1+1?")
     assert parse_paper_question(completion("Intro\nQuestion:  Find x if 2x=4. ", "eos")).question == "Find x if 2x=4."
     for malformed in (completion("Question: What is", "length"),  # cut before "Solution:"
-                      completion("What is 1+1?\nSolution:"), completion("Question: \nSolution:")):  # no "Question:"; empty
+                      completion("What is 1+1?\nSolution:"),  # no "Question:"
+                      completion("Question: \nSolution:")):  # empty
         assert parse_paper_question(malformed) == Generation(None) and not parse_paper_question(malformed).valid
 
 
@@ -224,7 +227,8 @@ def test_step_on_a_random_model(random_model_dir):
     gens = [r for r in records(out) if r["role"] == "generator"]
     sols = [r for r in records(out) if r["role"] == "solver"]
     assert len(gens) == 3 and len(sols) == 6
-    fields = {"step", "iteration", "role", "phase", "prompt", "completion", "question", "question_id", "valid", "answer",
+    fields = {"step", "iteration", "role", "phase", "prompt", "completion", "question", "question_id", "valid",
+              "answer",
               "label", "label_source", "solve_rate", "reward", "reward_terms", "advantage", "tokens", "oracle"}
     assert all(fields <= set(r) for r in records(out))
     assert all(set(g["reward_terms"]) == {"R_q", "R_dq", "R_da"} for g in gens)
@@ -261,6 +265,7 @@ def test_run_through_the_loop(random_model_dir, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "generator/reward_mean" in r]
     assert [r["step"] for r in train_rows] == [1, 2]
-    samples = [json.loads(line) for line in (tmp_path / "run" / "samples" / "step_000002.jsonl").read_text().splitlines()]
+    samples = [json.loads(line)
+               for line in (tmp_path / "run" / "samples" / "step_000002.jsonl").read_text().splitlines()]
     assert sum(r["role"] == "generator" for r in samples) == 3
     assert (tmp_path / "run" / "checkpoints" / "step_000002").is_dir()

@@ -312,8 +312,10 @@ def test_a_late_failure_is_one_line_and_the_run_resumes(tmp_path, random_model_d
 
 # --- 6. values that pass validation but make garbage ----------------------------------------------------------------
 
-@pytest.mark.parametrize("setting, key", [("train.lr=inf", "train.lr"), ("rollout.temperature=inf", "rollout.temperature"),
-                                          ("train.kl_beta=nan", "train.kl_beta"), ("params.lambda_q=inf", "params.lambda_q")])
+@pytest.mark.parametrize("setting, key", [("train.lr=inf", "train.lr"),
+                                          ("rollout.temperature=inf", "rollout.temperature"),
+                                          ("train.kl_beta=nan", "train.kl_beta"),
+                                          ("params.lambda_q=inf", "params.lambda_q")])
 def test_non_finite_config_values_are_refused(setting, key):
     from coevolve.config import ConfigError
     from coevolve.recipes import resolve
@@ -366,7 +368,8 @@ def test_a_second_writer_is_refused(tmp_path, random_model_dir):
     assert tiny_run(random_model_dir, out).exit_code == 0
     before = tree(out)
     holder = subprocess.Popen([sys.executable, "-c", "import filelock, sys, time\n"
-                               "lock = filelock.FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(60)",
+                               "lock = filelock.FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); "
+                               "time.sleep(60)",
                                str(out / LOCK_NAME)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

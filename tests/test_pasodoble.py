@@ -1,4 +1,5 @@
-"""The pasodoble recipe: hand-computed rewards, leak check, history semantics, buffer, offline schedule, CLI + resume."""
+"""The pasodoble recipe: hand-computed rewards, leak check, history semantics, buffer, offline schedule, CLI and
+resume."""
 
 from __future__ import annotations
 

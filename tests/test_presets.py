@@ -25,7 +25,8 @@ CODE_SAMPLING = {"config.rollout.top_p": 0.99, "config.rollout.top_k": 0, "confi
 R_ZERO_TABLE = {
     ("r_zero", "paper"): {  # Prism's App. A for R-Zero; the step structure of Prism's scripts
         "config.steps": 4 * (6 + 20), "questioner_steps": 6, "solver_steps": 20,
-        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64, "roles.questioner.epochs": 2,
+        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
+        "roles.questioner.epochs": 2,
         "solver_questions": 512, "solver_group": 8, "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2,
         "score_samples": 10, "label_samples": 8, "pool_size": 8000, "band": [0.25, 0.75], "pool_p_denominator": "all",
         "reward_form": "paper", "advantage": "dr_grpo", "solver_format_weight": 0.0, "filter_prove": True,
@@ -34,7 +35,8 @@ R_ZERO_TABLE = {
         "roles.questioner.lr_schedule": None, **CODE_SAMPLING, "label_max_tokens": 2048},
     ("r_zero", "reference_code"): {  # R-Zero's repository (EasyR1): 5 iterations, checkpoints 5 / 15 kept
         "config.steps": 5 * (5 + 15), "questioner_steps": 5, "solver_steps": 15,
-        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64, "roles.questioner.epochs": 1,
+        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
+        "roles.questioner.epochs": 1,
         "solver_questions": 512, "solver_group": 5, "roles.solver.mini_batch_size": 640, "roles.solver.epochs": 1,
         "score_samples": 10, "label_samples": 9, "pool_size": 8000, "band": [0.3, 0.8], "pool_p_denominator": "all",
         "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
@@ -43,7 +45,8 @@ R_ZERO_TABLE = {
         "config.train.lr_schedule": "constant", **CODE_SAMPLING, "label_max_tokens": None},
     ("r_zero", "prism_code"): {  # the R-Zero baseline of Prism's scripts
         "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
-        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64, "roles.questioner.epochs": 2,
+        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
+        "roles.questioner.epochs": 2,
         "solver_questions": 512, "solver_group": 8, "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2,
         "score_samples": 10, "label_samples": 8, "band": [0.3, 0.8], "pool_p_denominator": "all",
         "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
@@ -51,7 +54,8 @@ R_ZERO_TABLE = {
         **CODE_SAMPLING, "label_max_tokens": 2048},
     ("prism", "paper"): {
         "config.steps": 4 * (6 + 20), "questioner_steps": 6, "solver_steps": 20,
-        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64, "roles.questioner.epochs": 2,
+        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
+        "roles.questioner.epochs": 2,
         "solver_questions": 512, "solver_group": 8, "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2,
         "score_samples": 10, "label_samples": 8, "band": [0.5, 0.9], "pool_p_denominator": "all",
         "advantage": "dr_grpo", "questioner_init": "solver", "k": 128, "lam": 5.0, "gamma": 0.99, "alpha": 1.0,
@@ -59,10 +63,14 @@ R_ZERO_TABLE = {
         "roles.solver.lr_schedule": "cosine", **CODE_SAMPLING, "label_max_tokens": 2048},
     ("prism", "reference_code"): {
         "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
-        "roles.questioner.mini_batch_size": 64, "roles.questioner.epochs": 2, "solver_questions": 512, "solver_group": 8,
-        "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2, "pool_p_denominator": "all", "advantage": "grpo",
-        "solver_format_weight": 0.1, "filter_prove": False, "k": 128, "reference_corpus": "math_minus_math500_gsm8k_train",
-        "train.lr": 1e-6, **CODE_OPTIMIZER, "roles.solver.lr_schedule": "cosine", **CODE_SAMPLING, "label_max_tokens": 2048},
+        "roles.questioner.mini_batch_size": 64, "roles.questioner.epochs": 2, "solver_questions": 512,
+        "solver_group": 8,
+        "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2, "pool_p_denominator": "all",
+        "advantage": "grpo",
+        "solver_format_weight": 0.1, "filter_prove": False, "k": 128,
+        "reference_corpus": "math_minus_math500_gsm8k_train",
+        "train.lr": 1e-6, **CODE_OPTIMIZER, "roles.solver.lr_schedule": "cosine", **CODE_SAMPLING,
+        "label_max_tokens": 2048},
 }
 # AdamW steps per questioner / solver loop step in the source (spec prism.md §7; R-Zero's EasyR1 config)
 OPT_STEPS = {

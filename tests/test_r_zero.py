@@ -302,7 +302,8 @@ def test_advantage_scale_and_warnings(random_model_dir, caplog):
         caplog.clear()
         out = recipe.step(3)
     assert out.metrics["pool/size"] == 0 and out.metrics.get("solver/optimizer_steps", 0) == 0
-    assert [r.getMessage() for r in caplog.records] == ["step 3: the solver pool of iteration 1 is empty; no solver update"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "step 3: the solver pool of iteration 1 is empty; no solver update"]
 
 
 def test_cli_run_and_resume(tmp_path, random_model_dir):

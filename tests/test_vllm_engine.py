@@ -222,7 +222,8 @@ def test_smollm2_converted_folder_matches_the_gguf_model_after_a_weight_change(c
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     gap = max_logprob_gap(policy, got, temperature=1.0)
     with capsys.disabled():
-        print(f"\nsmollm2-135m, vLLM vs trainer log-probs after a weight change: max |diff| = {gap:.2e}", file=sys.stderr)
+        print(f"\nsmollm2-135m, vLLM vs trainer log-probs after a weight change: max |diff| = {gap:.2e}",
+              file=sys.stderr)
     assert gap < 1e-3
 
 

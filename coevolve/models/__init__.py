@@ -100,7 +100,8 @@ def smollm2_hf_folder(cache_dir: Path | None = None) -> Path:
 
 
 def hf_model_source(name_or_path: str) -> str:
-    """A Hugging Face folder or hub id with the model's architecture and tokenizer, for engines that load their own copy."""
+    """A Hugging Face folder or hub id with the model's architecture and tokenizer, for engines that load their own
+    copy."""
     if name_or_path == "tiny-arith":
         from coevolve.models.tiny_arith import ensure_tiny_arith
 

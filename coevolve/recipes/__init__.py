@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from coevolve.config import (
     MAX_CONFIG_BYTES,

@@ -9,9 +9,10 @@ from __future__ import annotations
 import hashlib
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Literal, Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,7 +27,7 @@ from coevolve.rl.trainer import PolicyTrainer, TrainSample, update_settings
 from coevolve.rollout import Completion, RolloutEngine, SamplingParams, make_engine, weights_version
 from coevolve.tasks.registry import Task, get_task
 
-RECIPES: dict[str, type["Recipe"]] = {}
+RECIPES: dict[str, type[Recipe]] = {}
 
 
 class RecipeParams(BaseModel):
@@ -48,7 +49,7 @@ class StepOutput:
     samples: list[SampleRow] = field(default_factory=list)
 
 
-def register(cls: type["Recipe"]) -> type["Recipe"]:
+def register(cls: type[Recipe]) -> type[Recipe]:
     RECIPES[cls.name] = cls
     return cls
 

@@ -12,7 +12,8 @@ Algorithm 1 of the paper (anonymous submission, no arXiv id; §2), one step:
    11. one update of pi on Eq. 14: A_q = sum of lambda-weighted z-scores of R_q, R_dq, R_da over the n questions, on
        the question tokens; A_s = lambda_s z-score of R_s over the m solutions of a question, on the solution tokens.
 
-Malformed outputs (no question) are filtered, kept in the n-question statistics and not solved (the paper is silent on them).
+Malformed outputs (no question) are filtered, kept in the n-question statistics and not solved (the paper is silent on
+them).
 Our reading where the paper is silent: a malformed output's R_dq and R_da are the batch minimum over the well-formed
 questions (:func:`coevolve.rewards.similarity.malformed_floor`); by Eq. 10 its empty text would otherwise have the
 batch's highest R_dq and so the highest question advantage.
@@ -211,13 +212,15 @@ class DynamicRL(GeneratorRecipe):
             self.advantages(questions)  # line 11: advantage decomposition (Eq. 14)
         with timer("update"):  # line 11: one update of the policy on both roles
             stats = self.trainer.update(self.train_batch(questions))
-        metrics = {**self.step_metrics(questions), "questions/unique_label_ratio": sum(raw_da) / p.n}  # Fig. 6: classes / n
+        metrics = {**self.step_metrics(questions),
+                   "questions/unique_label_ratio": sum(raw_da) / p.n}  # Fig. 6: classes / n
         return StepOutput(metrics={**metrics, **role_metrics("policy", stats), **timer},
                           samples=self.records(step, questions))
 
     # --- the pieces of a step ---------------------------------------------------------------------------------
     def question_tokens(self, question: str | None) -> list[int]:
-        """t(q) for S_q: the policy's tokens of the question text, no special tokens (Eq. 10 does not name a tokenizer)."""
+        """t(q) for S_q: the policy's tokens of the question text, no special tokens (Eq. 10 does not name a
+        tokenizer)."""
         return self.policy.tokenizer(question, add_special_tokens=False)["input_ids"] if question else []
 
     def filter_rules(self, question: str | None) -> list[str]:

@@ -1,7 +1,8 @@
 r"""INFUSER: a document-grounded generator rewarded by its questions' influence on the solver's dev-set progress.
 
 Paper: INFUSER: Influence-Guided Self-Evolution Improves Reasoning (Chen et al.; Algorithm 1, §2.3 and App. C.1);
-released code: ``FFishy-git/INFUSER``. Generator π_φ and solver π_θ start from the same weights, each with its own AdamW. One step is one iteration t:
+released code: ``FFishy-git/INFUSER``. Generator π_φ and solver π_θ start from the same weights, each with its own
+AdamW. One step is one iteration t:
 
 Phase 1  dev reference: n solver rollouts on every dev question (q̃, ã*), r̃ = 1[ã ≡ ã*], Â = r̃ - mean (Dr.GRPO);
          zero-variance dev groups dropped; ĝ_dev = ∇_θ of the clipped objective (2.10) on the rest (no step).
@@ -92,7 +93,8 @@ _PAPER_SCALE = {
 
 @parses_model_text()
 def parse_generator_json(text: str) -> tuple[str, str] | None:
-    """(question_text, ground_truth) of the last JSON object in ``text`` that has both, non-empty (as the released code reads it), outside
+    """(question_text, ground_truth) of the last JSON object in ``text`` that has both, non-empty (as the released code
+    reads it), outside
     ``<think>`` blocks and code fences."""
     kept, pos = [], 0
     for start, _, _, end in tag_blocks(text, "think"):
@@ -416,7 +418,8 @@ class Infuser(GeneratorRecipe):
             rows.append(generator_row(
                 step, None, "generate", x.output, question=x.question, question_id=qid, valid=x.valid, answer=x.key,
                 label=x.key, label_source="generator", solve_rate=mean(x.rewards) if x.rewards else None,
-                reward=x.reward, reward_terms={"influence": x.influence, "grad_norm": x.grad_norm, "invalid": not x.valid},
+                reward=x.reward,
+                reward_terms={"influence": x.influence, "grad_norm": x.grad_norm, "invalid": not x.valid},
                 advantage=x.advantage, oracle=self.task.oracle(x.question, doc, x.key, x.key),
                 extra={"document": x.doc, "in_update": x.in_update}))
             rows += [solver_row(

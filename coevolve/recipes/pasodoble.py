@@ -70,7 +70,7 @@ CHAT_FORMAT = GeneratorFormat(
                                                         else ""),
     lambda output, style, **_: Generation(*parse_proposal(output.text)),
     description="<problem>{the problem}</problem> <answer>{worked solution} \\boxed{final answer}</answer>",
-    regex=r"<problem>" + LINE + r"</problem> <answer>[^<>{}\n]{0,%d}\\boxed\{" % MAX_SOLUTION_CHARS + ANSWER
+    regex=r"<problem>" + LINE + rf"</problem> <answer>[^<>{{}}\n]{{0,{MAX_SOLUTION_CHARS}}}\\boxed\{{" + ANSWER
     + r"\}</answer>",
     render=lambda e: (f"<problem>{one_line(e.question)}</problem> <answer>{one_line(e.solution)} "
                       f"\\boxed{{{e.answer}}}</answer>"),

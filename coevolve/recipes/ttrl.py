@@ -240,7 +240,8 @@ class TTRL(Recipe):
             "reward/correct": mean(truth),
             "ttrl/label_accuracy": label_accuracy,
             "ttrl/label_error_rate": 1.0 - label_accuracy,
-            "ttrl/reward_accuracy": mean([float(float(agree) == t) for (_, agree, _), t in zip(trained_answers, truth)]),
+            "ttrl/reward_accuracy": mean([float(float(agree) == t)
+                                          for (_, agree, _), t in zip(trained_answers, truth)]),
             "ttrl/majority_ratio": mean([v.vote.p for v in voted]),
             "ttrl/vote_margin": mean([vote_margin(v.vote) for v in voted]),
             "ttrl/no_label_rate": mean([float(v.vote.label is None) for v in voted]),

@@ -17,9 +17,9 @@ Conventions shared by all estimators:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 

@@ -10,8 +10,9 @@ import copy
 import logging
 import math
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -99,7 +100,8 @@ UPDATE_SEED_STRIDE = 1_000_003
 PACK_MAX_TOKENS = 4096
 
 
-def sequence_logprobs(model, samples: Sequence[TrainSample], pad_id: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logprobs(model, samples: Sequence[TrainSample], pad_id: int,
+                      temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each sample's completion tokens under ``model``: ([B, T], mask [B, T]).
 
     Row i holds sample i's completion in its last ``len(completion_ids)`` columns (T = the longest completion).

@@ -8,7 +8,7 @@ token under the temperature-scaled distribution, the pi_old that the trainer's P
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import StaticCache

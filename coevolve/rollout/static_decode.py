@@ -16,8 +16,8 @@ loop knows are not supported (:func:`supports`); the engine then uses its plain 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 from transformers import AttentionInterface
@@ -69,7 +69,7 @@ class StaticKVCache:
         self.keys, self.values, self.write_at = keys, values, write_at
 
     @classmethod
-    def allocate(cls, config, rows: int, slots: int, dtype: torch.dtype, device: torch.device) -> "StaticKVCache":
+    def allocate(cls, config, rows: int, slots: int, dtype: torch.dtype, device: torch.device) -> StaticKVCache:
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (rows, kv_heads, slots, head_dim)
@@ -78,7 +78,7 @@ class StaticKVCache:
                    [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
                    torch.zeros(1, dtype=torch.long, device=device))
 
-    def rows(self, n: int) -> "StaticKVCache":
+    def rows(self, n: int) -> StaticKVCache:
         return StaticKVCache([k[:n] for k in self.keys], [v[:n] for v in self.values], self.write_at)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):

@@ -34,8 +34,8 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -208,7 +208,8 @@ class VLLMRolloutEngine:
         config = getattr(self.model, "config", None)
         context = getattr(config, "max_position_embeddings", None) or 4096
         self.max_model_len = self.settings.max_model_len or min(int(context), 4096)
-        kwargs: dict = dict(model=self.model_source, tokenizer=self.model_source, dtype=str(dtype).removeprefix("torch."),
+        kwargs: dict = dict(model=self.model_source, tokenizer=self.model_source,
+                            dtype=str(dtype).removeprefix("torch."),
                             seed=self.seed, max_model_len=self.max_model_len, enforce_eager=not self.on_cuda,
                             logprobs_mode="processed_logprobs", trust_remote_code=False)
         if distributed.world_size() > 1:  # one engine per rank (or per tensor-parallel group) on our process group

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 

@@ -5,7 +5,7 @@ Each forwards ``pop_metrics`` and ``release`` (where the engine it wraps has it)
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
