@@ -14,7 +14,7 @@ import re
 import reprlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -74,7 +74,10 @@ class SamplingConfig(Strict):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     max_new_tokens: int = Field(64, gt=0)
-    batch_size: int = Field(64, gt=0, description="hf engine: prompts per forward pass while sampling")
+    batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+        "auto", description="hf engine: prompts per forward pass while sampling; auto: on CUDA as many as the free "
+        "device memory holds for the call's prompts and token budget (halved and retried on an out-of-memory error), "
+        "64 elsewhere")
     dtype: Precision = Field(
         "auto", description="hf engine: bf16 samples from a bf16 copy of the weights (refreshed after each update, "
         "LoRA merged) with the static decoder; fp32 from the trainer's own weights; auto: bf16 on a CUDA device "
@@ -109,7 +112,8 @@ class TrainConfig(Strict):
     micro_batch_tokens: int | None = Field(None, gt=0, description="tokens per forward/backward pass instead of "
                                            "micro_batch_size sequences (a shared prompt counts once when packed); "
                                            "unset: 16,384 on a GPU for models whose log-prob head runs in chunks "
-                                           "(Llama, Mistral, Qwen2, Qwen3), micro_batch_size sequences otherwise")
+                                           "(Llama, Mistral, Qwen2, Qwen3), lowered at each update to what the "
+                                           "free GPU memory holds; micro_batch_size sequences otherwise")
     epochs: int = Field(1, gt=0)
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.2, ge=0)

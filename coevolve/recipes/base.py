@@ -187,6 +187,7 @@ class Recipe:
         bf16 = self._bf16(train.dtype)
         settings = update_settings(
             train, self.role_settings(role), micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda),
+            fit_memory=on_cuda and train.micro_batch_tokens is None,
             tis_cap=self.tis_cap(self.config, self.params, bf16_sampler=self._bf16(self.config.rollout.dtype)),
             norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature, dtype="bf16" if bf16 else "fp32",
@@ -226,7 +227,8 @@ class Recipe:
 
     def _micro_batch_tokens(self, policy: Policy, on_cuda: bool) -> int | None:
         """``train.micro_batch_tokens``; unset, ``GPU_MICRO_BATCH_TOKENS`` on a GPU for a model whose log-prob head
-        runs in chunks (whole logits of that many tokens would not fit), else passes of ``micro_batch_size``."""
+        runs in chunks (whole logits of that many tokens would not fit; lowered at each update to what the free
+        memory holds), else passes of ``micro_batch_size``."""
         if self.config.train.micro_batch_tokens is not None or not on_cuda:
             return self.config.train.micro_batch_tokens
         return GPU_MICRO_BATCH_TOKENS if logprob_head.cut_at_head(policy.model) is not None else None

@@ -107,7 +107,7 @@ just the final number or expression that solves the problem.
 # The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU).
 _PAPER_SCALE = {
     "model": "smollm2-135m", "task": "math", "steps": 200,
-    "rollout": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 2048, "batch_size": 64},
+    "rollout": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 2048},
     "train": {"lr": 3e-7, "kl_beta": 1e-4, "grad_clip": 0.5, "micro_batch_size": 4, "mini_batch_size": 0, "epochs": 1},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 512, "eval_every": 50,
 }

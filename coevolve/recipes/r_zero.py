@@ -100,7 +100,7 @@ PRISM_ROLES = {"questioner": {"mini_batch_size": 16 * 4, "epochs": 2},
                 "solver": {"mini_batch_size": 128 * 8, "epochs": 2, "lr_schedule": "cosine"}}
 PAPER_SCALE = {
     "model": "smollm2-135m", "task": "math", "steps": 104, "eval_every": 26, "roles": PRISM_ROLES,
-    "rollout": {"temperature": 1.0, "top_p": 0.99, "top_k": 0, "max_new_tokens": 4096, "batch_size": 64,
+    "rollout": {"temperature": 1.0, "top_p": 0.99, "top_k": 0, "max_new_tokens": 4096,
                 "scoring": {"top_p": 1.0, "top_k": 40}},
     "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4, **CODE_OPTIMIZER},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 1024,

@@ -11,13 +11,14 @@ import logging
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 import torch
 
 from coevolve import distributed
 from coevolve.config import LossAgg, LrSchedule, OptimizerReset, RoleSettings, TrainConfig
+from coevolve.memory import ModelShape, free_device_memory, plan_pass_tokens
 from coevolve.rl import logprob_head
 from coevolve.rl.compiled_layers import compile_decoder_layers
 from coevolve.rl.losses import policy_loss
@@ -48,6 +49,7 @@ class UpdateSettings:
     mini_batch_size: int = 0  # sequences per optimizer step; 0 = the whole batch
     micro_batch_size: int = 8  # sequences per forward/backward pass
     micro_batch_tokens: int | None = None  # tokens per forward/backward pass instead (see micro_batches)
+    fit_memory: bool = False  # CUDA: micro_batch_tokens lowered at each update to what the free memory holds
     epochs: int = 1  # passes over the rollout batch (PPO epochs)
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -288,7 +290,7 @@ class PolicyTrainer:
     """AdamW policy-gradient updates of one model (optionally LoRA), with an optional frozen reference."""
 
     def __init__(self, model, tokenizer, settings: UpdateSettings, *, seed: int = 0):
-        self.settings = settings
+        self.configured = self.settings = settings  # settings: this update's (see _fit_passes)
         self.tokenizer = tokenizer
         self.seed = seed
         if settings.lora:
@@ -380,7 +382,7 @@ class PolicyTrainer:
         if not samples:
             return {"loss": 0.0, "optimizer_steps": 0, "skipped_steps": 0}
         self.make_resident()
-        st = self.settings
+        st = self.settings = self._fit_passes()
         width = max(len(s.completion_ids) for s in samples)
         mini = st.mini_batch_size or len(samples)
         # One optimizer step over the whole batch: pi_old is the current policy, so its log-probs are the loss
@@ -408,7 +410,20 @@ class PolicyTrainer:
         self.updates_done += 1
         result = {k: v if k.endswith("_max") else v / max(steps, 1) for k, v in totals.items()}
         result.update(optimizer_steps=steps, skipped_steps=skipped)
+        if st.fit_memory and st.micro_batch_tokens:
+            result["pass_tokens"] = st.micro_batch_tokens
         return result
+
+    def _fit_passes(self) -> UpdateSettings:
+        """The settings of this update: with ``fit_memory`` on CUDA, ``micro_batch_tokens`` (the configured budget)
+        lowered to the tokens a pass can take in the free device memory (:func:`coevolve.memory.plan_pass_tokens`)."""
+        st = self.configured
+        free = free_device_memory(self.device) if st.fit_memory and st.micro_batch_tokens else None
+        if free is None or st.micro_batch_tokens is None:
+            return st
+        tokens = plan_pass_tokens(free, ModelShape.of(self.model.config), st.micro_batch_tokens,
+                                  dtype_bytes=2 if st.dtype == "bf16" else 4, checkpointing=st.gradient_checkpointing)
+        return replace(st, micro_batch_tokens=tokens)
 
     def _optimizer_step(self, samples, indices, old, ref, rollout, width) -> dict[str, float] | None:
         """One AdamW step on the mini-batch ``indices``. With several processes each rank takes its share of the

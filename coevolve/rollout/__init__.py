@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from coevolve.memory import CPU_BATCH_SIZE
 from coevolve.rollout.base import Completion, RolloutEngine, SamplingParams, weights_version
 from coevolve.rollout.wrappers import DataParallelEngine, FullWeightsEngine, ResidentEngine
 
@@ -31,17 +32,22 @@ def make_engine(policy, rollout, *, version: Callable[[], object] | None = None,
         engine = ResidentEngine(engine, make_resident)
     if data_parallel:  # vLLM seeds each request; a tensor-parallel engine spans several ranks
         engine = (DataParallelEngine(engine, unit=1, ranks_per_engine=rollout.vllm.tensor_parallel_size) if vllm
-                  else DataParallelEngine(engine, unit=rollout.batch_size))
+                  else DataParallelEngine(engine, unit=_fixed_batch(rollout) or CPU_BATCH_SIZE))
     if sharded is not None and not vllm:  # vLLM loads a sharded model's weights itself, gathered a tensor at a time
         engine = FullWeightsEngine(engine, sharded)
     return engine
+
+
+def _fixed_batch(rollout) -> int | None:
+    """``rollout.batch_size`` as the HF engine takes it: a number, or None to plan each call."""
+    return None if rollout.batch_size == "auto" else rollout.batch_size
 
 
 def _engine(policy, rollout, *, version: Callable[[], object] | None, seed: int, bf16: bool) -> RolloutEngine:
     if rollout.engine == "hf":
         from coevolve.rollout.hf import HFRolloutEngine
 
-        return HFRolloutEngine(policy.model, policy.tokenizer, batch_size=rollout.batch_size,
+        return HFRolloutEngine(policy.model, policy.tokenizer, batch_size=_fixed_batch(rollout),
                                eos_token_ids=policy.eos_token_ids, dtype=torch.bfloat16 if bf16 else None,
                                cuda_graphs=rollout.cuda_graphs, keep_sampler=rollout.keep_sampler,
                                sync_every=rollout.sync_every, version=version)

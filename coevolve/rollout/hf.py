@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import StaticCache
 
+from coevolve.memory import CPU_BATCH_SIZE, ModelShape, free_device_memory, plan_sampling_rows
 from coevolve.rollout.base import (
     PROMPT_SEED_STRIDE,
     STOP_WINDOW,
@@ -25,7 +26,7 @@ from coevolve.rollout.base import (
     weights_version,
 )
 from coevolve.rollout.constrained import RegexConstraint
-from coevolve.rollout.static_decode import SLOT_ROUNDING, Shape, StaticDecoder
+from coevolve.rollout.static_decode import BUCKETS, SLOT_ROUNDING, Shape, StaticDecoder
 from coevolve.rollout.static_decode import supports as supports_static
 from coevolve.rollout.weights import SamplerCopy
 
@@ -95,12 +96,12 @@ class HFRolloutEngine:
     decoding gives the same tokens.
     """
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None,
+    def __init__(self, model, tokenizer, *, batch_size: int | None = 64, eos_token_ids: Sequence[int] | None = None,
                  dtype: torch.dtype | None = None, cuda_graphs: bool = True, keep_sampler: bool = True,
                  sync_every: int = 16, version: Callable[[], object] | None = None):
         self.model = model
         self.tokenizer = tokenizer
-        self.batch_size = batch_size
+        self.batch_size = batch_size  # None: planned per call from the free device memory (CPU_BATCH_SIZE off CUDA)
         if eos_token_ids is None:
             eos_token_ids = [tokenizer.eos_token_id]
         self.eos_token_ids = [i for i in eos_token_ids if i is not None]
@@ -109,25 +110,59 @@ class HFRolloutEngine:
                      if dtype is not None else None)
         self.decoder: StaticDecoder | None = None
         self.reported = (0, 0.0)  # the copy's refreshes and seconds at the last pop_metrics
+        self.planned: list[int] = []  # the batch sizes planned on CUDA since the last pop_metrics
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
         """One completion per prompt; the same prompts, params and seed give the same completions.
 
         The batch starting at prompt ``j`` draws from its own stream seeded ``seed + j * PROMPT_SEED_STRIDE`` (the
-        rollout seed contract), so sampling a slice of whole batches reproduces the whole call's samples.
+        rollout seed contract), so sampling a slice of whole batches reproduces the whole call's samples. A planned
+        batch size (``batch_size=None``) that runs out of device memory is halved and the batch sampled again.
         """
         static = self.copy is not None and params.regex is None and supports_static(self.model)
         model = self.copy.current() if self.copy is not None and static else self.model
-        generator = torch.Generator(device=next(model.parameters()).device)
+        device = next(model.parameters()).device
+        generator = torch.Generator(device=device)
+        rows = self.batch_size or self._plan_rows(model, prompts, params, static)
         completions: list[Completion] = []
-        for start in range(0, len(prompts), self.batch_size):
+        while len(completions) < len(prompts):
+            start = len(completions)
             generator.manual_seed(seed + start * PROMPT_SEED_STRIDE)
-            batch = prompts[start:start + self.batch_size]
-            run = self._generate_static if static else self._generate_batch
-            completions += run(model, batch, params, generator)
+            batch = prompts[start:start + rows]
+            try:
+                completions += (self._generate_static(model, batch, params, generator, rows) if static
+                                else self._generate_batch(model, batch, params, generator))
+            except torch.OutOfMemoryError:
+                if self.batch_size is not None or rows == 1:
+                    raise
+                self.decoder = None
+                torch.cuda.empty_cache()
+                rows = max(1, rows // 2)
         if not self.keep_sampler:
             self.release()
+        elif self.batch_size is None and self.decoder is not None and device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+            if self.decoder.nbytes > total // 4:  # a long call's buffers: give them back to the next phase
+                self.decoder = None
         return completions
+
+    def _plan_rows(self, model, prompts: Sequence[str], params: SamplingParams, static: bool) -> int:
+        """The batch size of this call: as many prompts as one batch's decoding memory fits in the free device memory
+        (counting the buffers a new shape would replace); ``CPU_BATCH_SIZE`` off CUDA."""
+        device = next(model.parameters()).device
+        free = free_device_memory(device)
+        if free is None:
+            return CPU_BATCH_SIZE
+        if self.decoder is not None:
+            free += self.decoder.nbytes
+        longest = max(len(encode_prompt(self.tokenizer, p)) for p in prompts)
+        slots = -(-(longest + params.max_new_tokens) // SLOT_ROUNDING) * SLOT_ROUNDING
+        dtype_bytes = next(model.parameters()).element_size()
+        rows = plan_sampling_rows(free, ModelShape.of(model.config), len(prompts), longest, params.max_new_tokens,
+                                  slots, dtype_bytes=dtype_bytes, truncated=params.top_k > 0 or params.top_p < 1.0,
+                                  buckets=BUCKETS if static else ())
+        self.planned.append(rows)
+        return rows
 
     def release(self) -> None:
         """Free the sampler's copy of the weights and its decoding buffers (rebuilt on the next call)."""
@@ -136,11 +171,11 @@ class HFRolloutEngine:
             self.copy.release()
 
     @torch.no_grad()
-    def _generate_static(self, model, prompts: Sequence[str], params: SamplingParams,
-                         generator: torch.Generator) -> list[Completion]:
+    def _generate_static(self, model, prompts: Sequence[str], params: SamplingParams, generator: torch.Generator,
+                         rows: int) -> list[Completion]:
         prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         longest = max(len(ids) for ids in prompt_ids) + params.max_new_tokens
-        shape = Shape(rows=max(self.batch_size, len(prompts)), new_tokens=params.max_new_tokens,
+        shape = Shape(rows=max(rows, len(prompts)), new_tokens=params.max_new_tokens,
                       slots=-(-longest // SLOT_ROUNDING) * SLOT_ROUNDING)
         if self.decoder is None or self.decoder.shape != shape or self.decoder.model is not model:
             self.decoder = None  # free the old buffers before allocating new ones
@@ -260,10 +295,13 @@ class HFRolloutEngine:
         return stopped
 
     def pop_metrics(self) -> dict[str, float]:
-        """Refreshes of the sampler's copy since the last call (``time/weight_sync_s``, ``rollout/weight_syncs``);
-        empty when the engine samples from the live model."""
+        """Refreshes of the sampler's copy since the last call (``time/weight_sync_s``, ``rollout/weight_syncs``),
+        empty when the engine samples from the live model; the smallest batch size planned on CUDA since then
+        (``rollout/planned_batch``)."""
+        metrics = {"rollout/planned_batch": float(min(self.planned))} if self.planned else {}
+        self.planned = []
         if self.copy is None:
-            return {}
+            return metrics
         count, seconds = self.copy.refreshes - self.reported[0], self.copy.refresh_seconds - self.reported[1]
         self.reported = (self.copy.refreshes, self.copy.refresh_seconds)
-        return {"time/weight_sync_s": seconds, "rollout/weight_syncs": float(count)}
+        return {**metrics, "time/weight_sync_s": seconds, "rollout/weight_syncs": float(count)}

@@ -143,6 +143,12 @@ class StaticDecoder:
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.graph_failures = 0
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffers this decoder holds (the KV cache and the per-token outputs)."""
+        held = (*self.cache.keys, *self.cache.values, self.out_tokens, self.out_logprobs, self.uniforms, self.padding)
+        return sum(t.numel() * t.element_size() for t in held)
+
     # --- one call ----------------------------------------------------------------------------------------------------
     def run(self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator,
             pad_id: int, sync_every: int, stopped: Callable | None) -> tuple[list[list[int]], list[list[float]],

@@ -1,0 +1,154 @@
+"""Memory planning (coevolve.memory) with given memory figures: the arithmetic, the HF engine's planned batches and
+out-of-memory retries, and the trainer's planned passes. The CUDA readings themselves are not exercised here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from coevolve.config import SamplingConfig
+from coevolve.memory import (
+    CPU_BATCH_SIZE,
+    HEADROOM,
+    ModelShape,
+    plan_pass_tokens,
+    plan_sampling_rows,
+    sampling_bytes,
+    training_bytes_per_token,
+)
+from coevolve.rollout import SamplingParams
+from coevolve.rollout.hf import HFRolloutEngine
+from coevolve.rollout.static_decode import BUCKETS
+
+QWEN_1_5B = ModelShape(layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, head_dim=128, vocab=151936)
+GIB = 2**30
+
+
+def test_the_kv_cache_of_a_qwen_1_5b_token_is_28_7_kb_in_bf16():
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936)
+    assert ModelShape.of(config) == QWEN_1_5B
+    assert QWEN_1_5B.kv_bytes_per_token(2) == 28 * 2 * 2 * 128 * 2 == 28672
+
+
+def test_sampling_memory_grows_with_rows_and_tokens_and_the_cache_dominates_long_budgets():
+    def gib(rows, new):
+        return sampling_bytes(QWEN_1_5B, rows, 256 + new, new, 256, dtype_bytes=2, truncated=True) / GIB
+
+    assert gib(256, 4096) > gib(128, 4096) > gib(256, 512)
+    cache = 256 * (256 + 4096) * 28672 / GIB  # 29.7 GiB: the README's "about 30 GB per role"
+    assert cache < gib(256, 4096) < 1.3 * cache
+
+
+@pytest.mark.parametrize("free_gib", [2, 12, 40, 75])
+def test_a_planned_batch_fits_and_the_next_bucket_would_not(free_gib):
+    new, prompt = 4096, 256
+    slots = prompt + new
+    rows = plan_sampling_rows(free_gib * GIB, QWEN_1_5B, 2048, prompt, new, slots, dtype_bytes=2, truncated=True,
+                              buckets=BUCKETS)
+
+    def need(r):
+        return sampling_bytes(QWEN_1_5B, r, slots, new, prompt, dtype_bytes=2, truncated=True)
+
+    assert rows in BUCKETS or rows < BUCKETS[0]
+    assert rows == 1 or need(rows) <= HEADROOM * free_gib * GIB
+    bigger = next(b for b in BUCKETS if b > rows)
+    assert need(bigger) > HEADROOM * free_gib * GIB
+
+
+def test_a_call_that_fits_whole_is_one_batch_and_nothing_is_below_one_row():
+    assert plan_sampling_rows(80 * GIB, QWEN_1_5B, 100, 128, 512, 640, dtype_bytes=2, truncated=False,
+                              buckets=BUCKETS) == 100
+    assert plan_sampling_rows(1, QWEN_1_5B, 100, 128, 512, 640, dtype_bytes=2, truncated=False, buckets=BUCKETS) == 1
+
+
+def test_training_passes_take_the_cap_or_what_fits():
+    per_token = training_bytes_per_token(QWEN_1_5B, dtype_bytes=2, checkpointing=True)
+    assert per_token < training_bytes_per_token(QWEN_1_5B, dtype_bytes=2, checkpointing=False)
+    assert plan_pass_tokens(80 * GIB, QWEN_1_5B, 16384, dtype_bytes=2, checkpointing=True) == 16384
+    small = plan_pass_tokens(GIB, QWEN_1_5B, 16384, dtype_bytes=2, checkpointing=True)
+    assert small == int(HEADROOM * GIB) // per_token < 16384
+    assert plan_pass_tokens(0, QWEN_1_5B, 16384, dtype_bytes=2, checkpointing=True) == 1
+
+
+def test_rollout_batch_size_is_auto_or_a_positive_number():
+    assert SamplingConfig().batch_size == "auto"
+    assert SamplingConfig(batch_size=8).batch_size == 8
+    for bad in (0, -4, "half"):
+        with pytest.raises(ValueError):
+            SamplingConfig(batch_size=bad)
+
+
+PROMPTS = [f"Q:{i}+{i * 7}=?" for i in range(40)]
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=12)
+
+
+def test_auto_batches_off_cuda_sample_as_batches_of_64(random_policy):
+    auto = HFRolloutEngine(random_policy.model, random_policy.tokenizer, batch_size=None)
+    fixed = HFRolloutEngine(random_policy.model, random_policy.tokenizer, batch_size=CPU_BATCH_SIZE)
+    assert [c.token_ids for c in auto.generate(PROMPTS, PARAMS, seed=5)] == [
+        c.token_ids for c in fixed.generate(PROMPTS, PARAMS, seed=5)]
+    assert "rollout/planned_batch" not in auto.pop_metrics()
+
+
+def test_a_planned_batch_samples_as_that_fixed_batch_and_halves_on_out_of_memory(random_policy, monkeypatch):
+    """With 8 rows' worth of free memory the engine samples in batches of 8 (the seed contract: the same samples as
+    batch_size=8); a batch that runs out of memory is halved and sampled again, as batch_size=4 would have."""
+    import coevolve.rollout.hf as hf
+
+    model, tokenizer = random_policy.model, random_policy.tokenizer
+    shape = ModelShape.of(model.config)
+    prompt = max(len(hf.encode_prompt(tokenizer, p)) for p in PROMPTS)
+    slots = -(-(prompt + 12) // hf.SLOT_ROUNDING) * hf.SLOT_ROUNDING
+    eight_rows = sampling_bytes(shape, 8, slots, 12, prompt, dtype_bytes=4, truncated=False) / HEADROOM + 1
+    monkeypatch.setattr(hf, "free_device_memory", lambda device: int(eight_rows))
+    planned = HFRolloutEngine(model, tokenizer, batch_size=None)
+    got = planned.generate(PROMPTS, PARAMS, seed=5)
+    assert planned.pop_metrics() == {"rollout/planned_batch": 8.0}
+    fixed = HFRolloutEngine(model, tokenizer, batch_size=8).generate(PROMPTS, PARAMS, seed=5)
+    assert [c.token_ids for c in got] == [c.token_ids for c in fixed]
+
+    plain_batch = HFRolloutEngine._generate_batch
+
+    def short_of_memory(self, model, prompts, params, generator):
+        if len(prompts) > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return plain_batch(self, model, prompts, params, generator)
+
+    monkeypatch.setattr(HFRolloutEngine, "_generate_batch", short_of_memory)
+    retried = HFRolloutEngine(model, tokenizer, batch_size=None).generate(PROMPTS, PARAMS, seed=5)
+    monkeypatch.undo()
+    halves = HFRolloutEngine(model, tokenizer, batch_size=4).generate(PROMPTS, PARAMS, seed=5)
+    assert [c.token_ids for c in retried] == [c.token_ids for c in halves]
+
+    monkeypatch.setattr(HFRolloutEngine, "_generate_batch", short_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):  # an explicit batch size is the user's: no retry
+        HFRolloutEngine(model, tokenizer, batch_size=8).generate(PROMPTS, PARAMS, seed=5)
+
+
+def test_planned_training_passes_give_the_same_update(random_policy, monkeypatch):
+    """A budget lowered by the plan cuts the batch into more passes; the update is the same up to float error."""
+    import copy
+
+    import coevolve.rl.trainer as trainer_module
+    from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
+
+    gen = torch.Generator().manual_seed(0)
+    samples = [TrainSample(torch.randint(5, 40, (6,), generator=gen).tolist(),
+                           torch.randint(5, 40, (10,), generator=gen).tolist(), [-3.0] * 10, (-1.0) ** i)
+               for i in range(8)]
+    shape = ModelShape.of(random_policy.model.config)
+    per_token = training_bytes_per_token(shape, dtype_bytes=4, checkpointing=False)
+    monkeypatch.setattr(trainer_module, "free_device_memory", lambda device: int(40 * per_token / HEADROOM) + 1)
+    results = {}
+    for fit in (False, True):
+        model = copy.deepcopy(random_policy.model)
+        settings = UpdateSettings(lr=1e-3, micro_batch_tokens=1000, fit_memory=fit)
+        stats = PolicyTrainer(model, random_policy.tokenizer, settings).update(samples)
+        results[fit] = stats, torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert "pass_tokens" not in results[False][0]
+    assert results[True][0]["pass_tokens"] == 40
+    assert results[True][0]["loss"] == pytest.approx(results[False][0]["loss"], abs=1e-6)
+    torch.testing.assert_close(results[True][1], results[False][1], atol=1e-6, rtol=1e-5)
