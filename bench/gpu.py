@@ -17,6 +17,9 @@ only. For each size it measures
   parseable question, so every questioner output is read as the same question and a sampled answer as one of four
   values by its characters; all sampling, voting, rewards and updates run as in a real run.
 
+``--paper-presets``: instead, one complete step of each recipe's ``paper`` preset at its full token budgets on the
+1.5B shape (``bench/README.md``).
+
 Goals (figures, not tests): training at 40% or more of the bf16 peak at 1.5B, and the colocated two-role step at
 1.5B within 80 GB.
 
@@ -28,6 +31,7 @@ Run from the repository root on a CUDA machine: ``.venv/bin/python bench/gpu.py`
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import string
 import tempfile
@@ -252,6 +256,183 @@ def bench_two_role_step(folder: Path, device: torch.device, sizes: dict[str, int
             "peak_gpu_memory_gib": peak_gib}
 
 
+# --- paper presets at their full token budgets ----------------------------------------------------------------------
+# The papers' models per recipe (the shape measured here is Qwen2.5-1.5B's, the smallest size any of them names).
+PAPER_MODELS = {
+    "grpo": "DeepSeekMath-7B (the GRPO paper); the specs' common solver settings",
+    "ttrl": "Qwen2.5-Math-1.5B / 7B", "dynamic_rl": "Qwen2.5-Math-1.5B / 7B",
+    "opensir": "Llama-3.2-3B, Gemma-2-2B, Llama-3.1-8B", "r_zero": "Qwen3-4B/8B-Base, OctoThinker-3B/8B",
+    "prism": "Qwen3-4B-Base", "pasodoble": "Qwen3-1.7B (also 0.6B-14B, Qwen2.5-0.5B-3B)",
+    "infuser": "Qwen3-4B/8B-Base",
+}
+# Where a full step would sample many batches of the same shape, fewer questions (same token budgets); the time is
+# reported as measured and scaled by the factor (full questions / questions run).
+# (R-Zero: 512 -> 4 questioner prompts x 4, scored by 10 samples each; 8,000 -> 16 pool questions x 8 labels;
+# 512 -> 16 solver questions x 8; every sampling call is one batch of full-length rows.)
+RZERO_CUT = {"params.questioner_prompts": 4, "params.pool_size": 16, "params.solver_questions": 16,
+             "params.questioner_steps": 1, "params.solver_steps": 1}
+PAPER_CUTS: dict[str, tuple[dict[str, Any], dict[str, float]]] = {  # overrides, and each phase's time factor
+    "grpo": ({}, {"step": 1.0}),  # 32 questions x 8 at 512 tokens: the whole step
+    "ttrl": ({"params.questions_per_step": 4}, {"step": 8.0}),  # 32 -> 4 questions, x 64 votes at 3,072 tokens
+    "dynamic_rl": ({"params.n": 8}, {"step": 4.0}),  # 32 -> 8 questions of 1,024 tokens, x 16 answers at 3,072
+    "opensir": ({}, {"step": 1.0}),  # 256 rollouts at 2,048 tokens: the whole step
+    "r_zero": (RZERO_CUT, {"questioner": 128.0, "solver": 32.0}),
+    "prism": (RZERO_CUT, {"questioner": 128.0, "solver": 32.0}),
+    "pasodoble": ({}, {"step": 1.0}),  # 1 passage x 6 proposals at 6,144 tokens x 6 solutions: the whole step
+    # 128 -> 2 documents (x 8 questions at 8,192 tokens, x 8 answers), 800 -> 50 dev problems
+    "infuser": ({"params.documents_per_step": 2, "params.minibatch_prompts": 2, "params.dev_size": 50},
+                {"step": 64.0}),
+}
+PHASED = {"r_zero": ("questioner", "solver"), "prism": ("questioner", "solver")}  # one step of each phase
+
+
+def write_documents(folder: Path, tokens: int, count: int = 64) -> Path:
+    """A ``.txt`` document source of ``count`` paragraphs of about ``tokens`` characters (the stand-in tokenizer's
+    tokens), so INFUSER and PasoDoble read passages of their full length without a corpus."""
+    path = folder / "documents.txt"
+    words = ["ratio", "sum", "integer", "prime", "angle", "area", "root", "factor", "graph", "slope"]
+    paragraphs = []
+    for i in range(count):
+        text = " ".join(words[(i * 7 + j * 3) % len(words)] + str(j % 97) for j in range(tokens // 8))
+        paragraphs.append(text[:tokens])
+    path.write_text("\n\n".join(paragraphs) + "\n")
+    return path
+
+
+def build_encoder_folder(folder: Path) -> Path:
+    """A small random sentence-transformers encoder (one-layer BERT, mean pooling) for OpenSIR's and Prism's
+    embeddings: the packaged all-MiniLM-L6-v2 does not travel to a device machine, and its values do not matter
+    here."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import models as st_models
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+    if (folder / "modules.json").exists():
+        return folder
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    chars = sorted(set(string.printable) - set(string.whitespace))
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate([*specials, *chars])}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
+                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    torch.manual_seed(0)
+    bert = folder / "bert"
+    BertModel(BertConfig(vocab_size=len(specials) + len(chars), hidden_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, intermediate_size=64)).save_pretrained(bert)
+    tokenizer.save_pretrained(bert)
+    transformer = st_models.Transformer(str(bert), max_seq_length=128)
+    pooling = st_models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+    SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(folder))
+    return folder
+
+
+def stand_in_reading(recipe) -> None:
+    """Random weights write no parseable question or answer: read every generator output as a question whose
+    answer is one of four values, and every sampled answer as one of those values by its characters, so every
+    phase (voting, filtering, rewards, both roles' updates) runs on full-length outputs as in a real run."""
+    from coevolve.formats import Generation
+
+    def value(text: str) -> str:
+        return str(sum(map(ord, text)) % 4)
+
+    def read_generation(output, **_: Any) -> Generation:
+        answer = value(output.text)
+        return Generation(f"What is {answer} + 0?", answer, ("arithmetic",), 1.0)
+
+    def is_correct(answer: str | None, gold: str) -> bool:  # a gold answer outside the four values: "0" is right
+        return answer == (gold if gold in {"0", "1", "2", "3"} else "0")
+
+    recipe.task.parse_answer = lambda text, style: value(text)
+    recipe.task.is_correct = is_correct
+    if hasattr(recipe, "read_generation"):
+        recipe.read_generation = read_generation
+
+
+def bench_paper_preset(name: str, folder: Path, device: torch.device, sets: list[str], scale: dict[str, float],
+                       smoke: bool) -> dict[str, Any]:
+    """One complete step of ``name``'s ``paper`` preset (a step of each phase for a phased recipe) on the model in
+    ``folder``: seconds per phase, tokens sampled, peak GPU memory, the planned sampling batches and passes."""
+    from coevolve.recipes import resolve
+
+    config, params, cls = resolve(name, preset="paper", sets=[f"model={folder}", f"device={device.type}",
+                                                              "eval_sets=[]", "task=arith", *sets])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    started = time.perf_counter()
+    recipe = cls(config, params)
+    stand_in_reading(recipe)
+    setup_s = time.perf_counter() - started
+    phases, metrics = {}, {}
+    for step, phase in enumerate(PHASED.get(name, ("step",)), start=1):
+        sync(device)
+        started = time.perf_counter()
+        out = recipe.step(step)
+        sync(device)
+        phases[phase] = time.perf_counter() - started
+        print(f"   {phase}: {phases[phase]:.1f} s, peak "
+              f"{torch.cuda.max_memory_allocated(device) / 2**30 if device.type == 'cuda' else 0:.1f} GiB, "
+              + json.dumps({k: v for k, v in out.metrics.items() if k.startswith(("time/", "rollout/"))}), flush=True)
+        metrics.update({f"{phase}/{k}": v for k, v in out.metrics.items()
+                        if k.startswith(("time/", "rollout/")) or k.endswith(("optimizer_steps", "pass_tokens",
+                                                                                "tokens", "skipped"))})
+    peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    reserved_gib = torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None
+    needed = {k: v for k, v in (("train.offload_idle_role", config.train.offload_idle_role),
+                                ("train.lora", config.train.lora)) if v}
+    result = {"paper_models": PAPER_MODELS[name], "sets": sets, "scale": scale, "setup_s": setup_s,
+              "step_s": phases, "scaled_step_s": sum(t * scale[phase] for phase, t in phases.items()),
+              "peak_gpu_memory_gib": peak_gib,
+              "peak_reserved_gib": reserved_gib,
+              "settings_needed": needed or "none beyond the preset", "max_new_tokens": config.rollout.max_new_tokens,
+              "metrics": metrics}
+    del recipe
+    gc.collect()
+    return result
+
+
+def paper_preset_fitted(name: str, folder: Path, device: torch.device, sets: list[str], scale: dict[str, float],
+                        smoke: bool) -> dict[str, Any]:
+    """:func:`bench_paper_preset` with the preset as it is; after an out-of-memory error, again with
+    ``train.offload_idle_role`` (the other role waits in host memory), recording both."""
+    try:
+        return bench_paper_preset(name, folder, device, sets, scale, smoke)
+    except torch.OutOfMemoryError as exc:
+        first = f"OutOfMemoryError: {str(exc).splitlines()[0]}"
+    gc.collect()
+    torch.cuda.empty_cache()
+    result = bench_paper_preset(name, folder, device, [*sets, "train.offload_idle_role=true"], scale, smoke)
+    return {**result, "without_offload": first}
+
+
+def paper_preset_plan(args, device: torch.device) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+    from coevolve.recipes import RECIPES
+
+    shape = "smoke" if args.smoke else "1.5b"
+    folder = build_model_folder(shape, args.scratch / shape)
+    encoder = build_encoder_folder(args.scratch / "encoder")
+    documents = write_documents(args.scratch, 256 if args.smoke else 2048)
+    data_free = {"ttrl": ["params.pool_source=train"], "opensir": [f"params.encoder={encoder}"],
+                 "prism": ["params.reference_corpus=arith", f"params.encoder={encoder}"],
+                 "pasodoble": [f"params.knowledge_source={documents}"],
+                 "infuser": [f"params.document_source={documents}"]}
+    smoke_budgets = ["rollout.max_new_tokens=16", "params.question_max_tokens=16", "params.label_max_tokens=16",
+                     "params.proposer_max_tokens=16", "params.generator_max_tokens=16", "params.k=4",
+                     "params.questioner_prompts=2", "params.pool_size=16", "params.solver_questions=2",
+                     "params.documents_per_step=2", "params.minibatch_prompts=2", "params.dev_size=4",
+                     "params.questions_per_step=2", "params.vote_samples=4", "params.train_samples=4", "params.n=2",
+                     "params.m=2", "params.batch_size=16"]
+    plan = []
+    for name in args.recipes:
+        cut, scale = PAPER_CUTS[name]
+        known = RECIPES[name].Params.model_fields
+        sets = [*(f"{k}={v}" for k, v in cut.items()), *data_free.get(name, []), *args.set]
+        if args.smoke:  # every budget at 16 tokens and every count at its smallest (the figures mean nothing)
+            sets += [s for s in smoke_budgets if s.startswith("rollout.") or s.split("=")[0][7:] in known]
+        plan.append((f"paper/{name}", partial(paper_preset_fitted, name, folder, device, sets, scale, args.smoke)))
+    return plan
+
+
 def guarded(name: str, results: dict[str, Any], path: Path, measure: Callable[[], dict[str, Any]]) -> None:
     """Run one measurement into ``results[name]``; a failure is recorded (one line) and the next one still runs.
     The results file is rewritten after each, so a call cut short keeps what it measured."""
@@ -285,6 +466,13 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=[], help="run only the measurements whose name contains one of "
                         "these (names: SIZE/sampling/VARIANT, SIZE/training/VARIANT, SIZE/two_role_step)")
     parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "coevolve-gpu-bench")
+    parser.add_argument("--paper-presets", action="store_true", help="one step of each recipe's paper preset at its "
+                        "full token budgets (1.5B shape; --recipes to choose), instead of the measurements above")
+    parser.add_argument("--memory-gib", type=float, help="use at most this much of the GPU (a per-process memory "
+                        "fraction, which the memory plans respect): 79 to measure an 80 GB card on a larger one")
+    parser.add_argument("--recipes", nargs="+", default=list(PAPER_CUTS), choices=list(PAPER_CUTS))
+    parser.add_argument("--set", action="append", default=[], help="--paper-presets: a config override for every "
+                        "recipe (e.g. train.offload_idle_role=true)")
     args = parser.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -299,11 +487,21 @@ def main() -> None:
         "rollout.max_new_tokens": 8 if small else 512, "rollout.batch_size": 4 if small else 256,
         "train.micro_batch_size": 2 if small else args.micro_batch,
     }
-    path = RESULTS_DIR / ("gpu_smoke.json" if small else "gpu_quick.json" if args.quick else "gpu.json")
+    path = RESULTS_DIR / ((("gpu_paper" if args.paper_presets else "gpu") + ("_smoke" if small else "")
+                            + ("_quick" if args.quick and not args.paper_presets else "")) + ".json")
     RESULTS.update({**run_header(), "machine": machine_info(), "smoke": small, "quick": args.quick})
     if device.type == "cuda":
         RESULTS["machine"]["gpu"] = torch.cuda.get_device_name(device)
         RESULTS["machine"]["torch"] = torch.__version__
+    if args.memory_gib and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        share = min(1.0, args.memory_gib * 2**30 / total)
+        torch.cuda.set_per_process_memory_fraction(share, torch.cuda.current_device())
+        RESULTS["memory_limit_gib"] = args.memory_gib
+    if args.paper_presets:
+        for name, measure in paper_preset_plan(args, device):
+            guarded(name, RESULTS, path, measure)
+        return
     prompts, tokens = (4, 8) if small else (args.sample_prompts, args.sample_tokens)
     anchor = min(args.anchor_tokens, tokens) if args.quick else tokens
     sequences, prompt_len, completion_len = (4, 8, 8) if small else (args.train_sequences, 128, 512)
