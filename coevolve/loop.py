@@ -43,15 +43,17 @@ def _tensorboard(root: Path, purge_step: int | None):
 
 
 def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: int) -> dict[str, float]:
-    """Greedy accuracy of the recipe's solver on the configured evaluation sets (one metrics row):
-    ``eval/<set>/accuracy`` (strict answer format) and ``eval/<set>/accuracy_lenient`` (last number or expression)."""
+    """Accuracy of the recipe's solver on the configured evaluation sets (one metrics row), sampled as the
+    ``eval_preset`` says (greedy by default; a sampled protocol's accuracy is the mean over its n samples per
+    question, avg@n) within ``eval_max_new_tokens``: ``eval/<set>/accuracy`` (strict answer format) and
+    ``eval/<set>/accuracy_lenient`` (last number or expression)."""
     from coevolve.evaluation.harness import evaluate
 
     if not config.eval_sets:
         return {}
     policy = recipe.solver()
     started = time.perf_counter()
-    summaries = evaluate(policy, recipe.engine(policy), config.eval_sets, temperature=0.0,
+    summaries = evaluate(policy, recipe.engine(policy), config.eval_sets, preset=config.eval_preset,
                          max_new_tokens=config.eval_max_new_tokens, limit=config.eval_limit,
                          seed=config.seed, data_dir=config.data_dir,
                          out_dir=store.eval_dir / f"step_{step:06d}" if distributed.is_main() else None,
@@ -70,6 +72,9 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
     trainers = recipe.trainers()
     models = {role: t.model for role, t in trainers.items()}
     optimizers = {role: t.optimizer for role, t in trainers.items()}
+    # KL references that phases move (train.kl_reference: phase_start) are saved and restored with the weights
+    saved_models = {**models, **{f"{role}_reference": t.checkpointed_reference for role, t in trainers.items()
+                                 if t.checkpointed_reference is not None}}
     start, elapsed_before = 1, 0.0
     main = distributed.is_main()  # with several processes, rank 0 alone writes the run directory
     if resume:
@@ -82,7 +87,7 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
             for role, t in trainers.items():
                 t.updates_done = updates_done[role]
 
-        loaded = store.load_latest_checkpoint(models, optimizers, restore)  # the newest intact one
+        loaded = store.load_latest_checkpoint(saved_models, optimizers, restore)  # the newest intact one
         if loaded:
             step, state = loaded
             start, elapsed_before = step + 1, state["time_s"]
@@ -147,7 +152,7 @@ def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool 
                 bar.write(f"step {step}: " + "  ".join(f"{k.split('/', 1)[1].replace('/accuracy', '')} {v:.3f}"
                                                        for k, v in eval_row.items() if k.startswith("eval/")))
         if step % config.checkpoint_every == 0 or step == config.steps or stop:  # every rank: sharded state gathered
-            store.save_checkpoint(step, models, optimizers, {
+            store.save_checkpoint(step, saved_models, optimizers, {
                 "time_s": now(), "loop_recipe": recipe.state_dict(),
                 "updates_done": {role: t.updates_done for role, t in trainers.items()},
             }, keep=config.keep_checkpoints)

@@ -14,6 +14,7 @@ from coevolve.config import (
     to_yaml,
     validate,
 )
+from coevolve.evaluation.harness import EVAL_PRESETS
 from coevolve.formats import GeneratorFormat
 from coevolve.recipes import dynamic_rl, grpo, infuser, opensir, pasodoble, prism, r_zero, ttrl  # noqa: F401  (importing registers each recipe)
 from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
@@ -36,6 +37,9 @@ def default_eval_sets(task: str) -> list[str]:
 def _finish(raw: dict[str, Any], recipe_name: str) -> tuple[RunConfig, RecipeParams, type[Recipe]]:
     cls = RECIPES[recipe_name]
     config, params = validate(raw, cls.Params)
+    if config.eval_preset not in EVAL_PRESETS:
+        raise ConfigError(f"config key 'eval_preset': unknown evaluation preset {config.eval_preset!r} (known: "
+                          f"{', '.join(EVAL_PRESETS)})")
     if config.eval_sets is None:
         config.eval_sets = default_eval_sets(config.task)
     cls.check_settings(config, params)

@@ -123,6 +123,14 @@ class Recipe:
         if config.rollout.scoring.model_dump(exclude_none=True) and not cls.scores_questions:
             raise ConfigError(f"config key 'rollout.scoring': {cls.name} has no votes that score or label questions; "
                               f"only {recipes_where('scores_questions')} sample them")
+        if config.train.kl_reference == "phase_start":
+            if not cls.phased:
+                raise ConfigError(f"config key 'train.kl_reference': {cls.name} has no phases; only recipes with "
+                                  f"phases ({recipes_where('phased')}) move the KL reference at a phase start")
+            if config.train.lora is not None:
+                raise ConfigError("config key 'train.kl_reference': phase_start needs a full copy of the weights as "
+                                  "the reference; with train.lora the reference is the base model, which no phase "
+                                  "moves")
         if not cls.phased:
             for update in (RoleUpdate(), *params.role_updates().values()):
                 for key, value, plain in (("train.lr_schedule", update.lr_schedule or config.train.lr_schedule,

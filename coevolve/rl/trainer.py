@@ -53,6 +53,7 @@ class UpdateSettings:
     dual_clip: float | None = None  # dual-clip PPO's c (verl's clip_ratio_c); None: off
     tis_cap: float | None = None
     kl_beta: float = 0.0
+    kl_reference: str = "initial"  # initial | phase_start (the KL reference moves to the weights at each phase start)
     loss_agg: str = "seq_mean"  # seq_mean (GRPO) | token_sum_norm (Dr.GRPO) | token_mean (DAPO)
     norm_constant: int | None = None  # Dr.GRPO's C; defaults to max_new_tokens
     temperature: float = 1.0  # sampling temperature: log-probs are taken under logits / temperature
@@ -315,13 +316,30 @@ class PolicyTrainer:
 
     def phase_step(self, index: int, total: int) -> None:
         """Call before each step of a phase of ``total`` steps (``index`` 0-based): at its first step a fresh AdamW
-        when ``optimizer_reset`` is ``phase``; at every step the lr of ``lr_schedule``. Both depend only on
-        (index, total), so a resumed run gets what it would have had."""
+        when ``optimizer_reset`` is ``phase`` and the KL reference set to the current weights when ``kl_reference``
+        is ``phase_start``; at every step the lr of ``lr_schedule``. The lr and the reset depend only on
+        (index, total), so a resumed run gets what it would have had; the moved reference is checkpointed
+        (:attr:`checkpointed_reference`)."""
         if index == 0 and self.settings.optimizer_reset == "phase":
             self.optimizer.state.clear()
+        if index == 0 and self.settings.kl_reference == "phase_start" and self.reference is not None:
+            self._copy_weights_into_reference()
         lr = self.settings.lr * phase_lr_factor(self.settings, index, total)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+
+    @torch.no_grad()
+    def _copy_weights_into_reference(self) -> None:
+        """The reference takes the current weights, copied into its own tensors (no second copy is allocated; with
+        FSDP each rank copies its shards, which the two models split alike)."""
+        for reference, live in zip(self.reference.parameters(), self.model.parameters(), strict=True):
+            reference.copy_(live)
+
+    @property
+    def checkpointed_reference(self) -> torch.nn.Module | None:
+        """The reference a checkpoint must hold: one that phases move (``kl_reference: phase_start``); an initial
+        reference is rebuilt from the run's model on resume, so it is not saved."""
+        return self.reference if self.settings.kl_reference == "phase_start" else None
 
     def make_resident(self) -> None:
         """Bring this role's weights and optimizer state onto the accelerator when roles take turns there."""
