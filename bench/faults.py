@@ -41,8 +41,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -340,7 +341,8 @@ def probe_overwrites(n: int, seed: int, model: Path, reference: Path, work: Path
         named = [_put_users_thing(copy, rng, outside) for _ in range(rng.randint(1, 3))] if rng.random() < 0.8 else []
         before, targets = _tree(copy), _tree(outside)
         result = CliRunner().invoke(app, ["run", "grpo", "--out", str(copy), "--overwrite", "--quiet",
-                                          *[a for s in [f"model={model}", *KILL_SETS, "steps=1"] for a in ("--set", s)]])
+                                          *[a for s in [f"model={model}", *KILL_SETS, "steps=1"]
+                                            for a in ("--set", s)]])
         errors = [line for line in result.output.splitlines() if line.startswith("error:")]
         if named:
             held = (result.exit_code == 2 and len(errors) == 1 and any(name in errors[0] for name in named)

@@ -1,4 +1,4 @@
-"""Command line: ``coevolve run | sft | eval | recipes | report | compare``."""
+"""Command line: ``coevolve run | sft | eval | export | recipes | report | compare``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Iterator, Optional
 
 import typer
 
@@ -60,15 +60,15 @@ def recipes() -> None:
 
 @app.command()
 def run(
-    recipe: Optional[str] = typer.Argument(None, help="recipe name (see `coevolve recipes`)"),
-    preset: Optional[str] = typer.Option(None, "--preset", help="named defaults shipped with the recipe"),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML config file"),
+    recipe: str | None = typer.Argument(None, help="recipe name (see `coevolve recipes`)"),
+    preset: str | None = typer.Option(None, "--preset", help="named defaults shipped with the recipe"),
+    config: Path | None = typer.Option(None, "--config", help="YAML config file"),
     set_: list[str] = typer.Option([], "--set", help="override a key: --set train.lr=1e-4 (repeatable)"),
-    out: Optional[str] = typer.Option(None, "--out", help="run directory: absent or empty (default "
+    out: str | None = typer.Option(None, "--out", help="run directory: absent or empty (default "
                                       "runs/<recipe>-<time>)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace the run in --out (removes only what a run "
                                    "wrote there)"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this directory"),
+    resume: Path | None = typer.Option(None, "--resume", help="continue the run in this directory"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the model folder's own Python "
                                            "code run (needed whatever the config says)"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
@@ -83,6 +83,7 @@ def run(
     from coevolve.loop import run as run_loop
     from coevolve.models import ModelNotFoundError, prepare_builtin
     from coevolve.recipes import resolve, resolve_saved
+    from coevolve.records import accuracy_line
     from coevolve.rollout.vllm_engine import EngineUnavailable, PromptTooLong, require_vllm
     from coevolve.rundir import RunDirError, check_run_dir, claim_run_dir
     from coevolve.store import CheckpointDamaged, RunStore
@@ -159,10 +160,8 @@ def run(
         _fail(f"interrupted; continue with: coevolve run --resume {out_dir}", code)
     if not distributed.is_main():
         return
-    final = summary.get("final_eval") or {}
-    accs = "  ".join(f"{k.split('/', 1)[1].replace('/accuracy', '')} {v:.3f}" for k, v in final.items()
-                     if k.startswith("eval/"))
-    typer.echo(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s  {accs}")
+    typer.echo(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s  "
+               f"{accuracy_line(summary.get('final_eval') or {})}")
 
 
 def _launch_ranks(processes: int, out_dir: Path) -> None:
@@ -188,7 +187,7 @@ def _launch_ranks(processes: int, out_dir: Path) -> None:
 def sft(
     recipe: str = typer.Argument(..., help="recipe whose generator output format to teach (see `coevolve recipes`)"),
     set_: list[str] = typer.Option([], "--set", help="override a warm-up key: --set steps=60 (repeatable)"),
-    out: Optional[str] = typer.Option(None, "--out", help="output folder, absent or empty (default "
+    out: str | None = typer.Option(None, "--out", help="output folder, absent or empty (default "
                                       "runs/sft-<recipe>-<time>)"),
     quiet: bool = typer.Option(False, "--quiet", help="no per-step loss lines"),
 ) -> None:
@@ -222,17 +221,18 @@ def eval_(
     sets: str = typer.Option(None, "--sets", "--task", help="comma-separated evaluation sets (default: the run's)"),
     preset: str = typer.Option("greedy", "--preset", help="sampling defaults: greedy or a paper's protocol "
                                "(prism, dynamic_rl, opensir, pasodoble, infuser, ttrl, r_zero)"),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="seeded subset of this many questions per set"),
-    n: Optional[int] = typer.Option(None, "--n", min=1, help="samples per question (avg@n, pass@k)"),
-    k: Optional[int] = typer.Option(None, "--k", min=1, help="k for pass@k (default n)"),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy"),
-    top_p: Optional[float] = typer.Option(None, "--top-p"),
-    top_k: Optional[int] = typer.Option(None, "--top-k"),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens"),
-    checkpoint: Optional[int] = typer.Option(None, "--checkpoint", help="run dir: which step (default latest)"),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with the benchmark files"),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="seeded subset of this many questions per set"),
+    n: int | None = typer.Option(None, "--n", min=1, help="samples per question (avg@n, pass@k)"),
+    k: int | None = typer.Option(None, "--k", min=1, help="k for pass@k (default n)"),
+    temperature: float | None = typer.Option(None, "--temperature", help="0 = greedy"),
+    top_p: float | None = typer.Option(None, "--top-p"),
+    top_k: int | None = typer.Option(None, "--top-k"),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens"),
+    checkpoint: int | None = typer.Option(None, "--checkpoint", "--step", help="run dir: which step (default "
+                                             "latest)"),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="folder with the benchmark files"),
     seed: int = typer.Option(0, "--seed"),
-    out: Optional[Path] = typer.Option(None, "--out", help="where to write per-question results"),
+    out: Path | None = typer.Option(None, "--out", help="where to write per-question results"),
     engine_name: str = typer.Option("hf", "--engine", help="sampler: hf (transformers) or vllm (in-process vLLM)"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the model folder's own Python "
                                            "code run (a run directory's saved config does not)"),
@@ -247,7 +247,8 @@ def eval_(
     from coevolve.recipes import default_eval_sets
     from coevolve.rollout import make_engine
     from coevolve.rollout.vllm_engine import EngineUnavailable, require_vllm
-    from coevolve.store import CheckpointDamaged, load_run_policy
+    from coevolve.run_models import RunCheckpointError, load_run_policy
+    from coevolve.store import CheckpointDamaged
 
     try:  # the same bounds as a run's sampling settings: finite, temperature >= 0, 0 < top_p <= 1, ...
         SamplingOverride(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
@@ -262,9 +263,9 @@ def eval_(
         if engine_name == "vllm":
             require_vllm()
         policy, default_sets, label = load_run_policy(target, checkpoint, trust_remote_code=trust_remote_code)
-    except ConfigError as exc:
+    except (ConfigError, RunCheckpointError, CheckpointDamaged) as exc:
         _fail(str(exc), 2)
-    except (ModelNotFoundError, FileNotFoundError, EngineUnavailable, CheckpointDamaged) as exc:
+    except (ModelNotFoundError, FileNotFoundError, EngineUnavailable) as exc:
         _fail(str(exc))
     set_names = [s.strip() for s in sets.split(",")] if sets else (default_sets or default_eval_sets("arith"))
     out_dir = out or (Path(target) / "eval" / label if Path(target, "config.yaml").exists() else None)
@@ -287,9 +288,54 @@ def eval_(
 
 
 @app.command()
+def export(
+    run_dir: Path = typer.Argument(..., help="run directory"),
+    out: str = typer.Option(..., "--out", help="folder for the model: absent or empty (or an earlier export, with "
+                            "--overwrite)"),
+    step: str = typer.Option("latest", "--step", help="checkpoint: a step number, latest, or best (by --metric)"),
+    metric: str | None = typer.Option(None, "--metric", help="--step best ranks checkpoints by this metrics.jsonl "
+                                         "name (default eval/<first eval set>/accuracy, strict)"),
+    role: str | None = typer.Option(None, "--role", help="which model of the run (default the solver; "
+                                       "generator, questioner, proposer or policy by the recipe's names)"),
+    dtype: str = typer.Option("fp32", "--dtype", help="weights as fp32 (as trained) or bf16"),
+    merge: bool = typer.Option(True, "--merge/--adapter", help="LoRA runs: merge the adapters into the weights "
+                               "(default) or write a PEFT adapter folder that names its base model"),
+    max_shard_size: str = typer.Option("5GB", "--max-shard-size", help="split the weights into files of this size"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier export in --out (removes only the "
+                                   "files it wrote)"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the model folder's own Python "
+                                           "code run (a run directory's saved config does not)"),
+) -> None:
+    """Write one trained model of a run as a standard Hugging Face folder (config, tokenizer, safetensors, card)."""
+    from coevolve.config import ConfigError
+    from coevolve.export import ExportError, ExportSettings, export_run
+    from coevolve.models import ModelNotFoundError
+    from coevolve.run_models import RunCheckpointError
+    from coevolve.store import CheckpointDamaged
+
+    if not out.strip():
+        _fail("--out needs a folder name", 2)
+    if step not in ("latest", "best") and not (step.isascii() and step.isdigit()):
+        _fail(f"--step {step}: give a step number, latest or best", 2)
+    settings = ExportSettings(step=int(step) if step.isdigit() else step, role=role, metric=metric, dtype=dtype,
+                              adapter=not merge, max_shard_size=max_shard_size, overwrite=overwrite)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # its per-file bars for a few files would bury the one result line
+    try:
+        manifest = export_run(run_dir, out, settings, trust_remote_code=trust_remote_code)
+    except (ExportError, RunCheckpointError, CheckpointDamaged, ConfigError) as exc:
+        _fail(str(exc), 2)
+    except ModelNotFoundError as exc:
+        _fail(str(exc))
+    typer.echo(f"exported the {manifest['role']} of step {manifest['step']} ({manifest['kind']}, {manifest['dtype']}) "
+               f"to {out}")
+
+
+@app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="run directory"),
-    out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default RUN/report/report.html)"),
+    out: Path | None = typer.Option(None, "--out", help="HTML file (default RUN/report/report.html)"),
     no_embed: bool = typer.Option(False, "--no-embed", help="skip embedding-based diversity (no encoder)"),
 ) -> None:
     """Write one self-contained HTML report (plots embedded) of a run's training and curriculum."""

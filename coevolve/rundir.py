@@ -14,27 +14,32 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Union
 
 from filelock import FileLock, Timeout
 
 LOCK_NAME = ".lock"
-
-# A layout maps a name pattern (a full-match regex) to FILE or to the layout of a folder of that name.
+# A layout maps a name pattern (a full-match regex) to what stands there: FILE, LINK (a symlink a tool makes: removed,
+# never followed), TREE (a folder whose contents a tool writes as it likes: removed whole, symlinks never followed) or
+# the layout of a folder of that name.
 Layout = dict[str, Union[str, "Layout"]]
-FILE = "file"
+FILE, LINK, TREE = "file", "link", "tree"
 _STEP = r"step_\d{6}"
 _EVAL_SET = {"summary.json": FILE, "results.jsonl": FILE}
 RUN_LAYOUT: Layout = {
-    "config.yaml": FILE, "metrics.jsonl": FILE, "summary.json": FILE,
+    "config.yaml": FILE, "metrics.jsonl": FILE, "summary.json": FILE, "wandb_run.json": FILE,
     "samples": {rf"{_STEP}\.jsonl": FILE},
     "checkpoints": {rf"(damaged_)?{_STEP}": {r"[\w-]+(\.optim)?\.safetensors|state\.json|checksums\.json": FILE},
                     rf"\.{_STEP}\.\w+": {r"[^/]+": FILE}},  # a checkpoint that never finished writing
     "eval": {rf"{_STEP}|model": {"summary.json": FILE, r"[\w.-]+": _EVAL_SET}},
     "tb": {r"events\.out\.tfevents\.[^/]+": FILE},
     "report": {r"report\.html|[\w-]+\.png": FILE},
+    "analytics": {"curriculum.json": FILE, "embeddings.npz": FILE,
+                  "cluster_space": {"centroids.npy": FILE, "cluster_space.json": FILE}},
+    "wandb": {r"(offline-)?run-\d{8}_\d{6}-\w+": TREE, r"latest-run|debug\.log|debug-internal\.log": LINK},
 }  # everything `coevolve run`, `eval RUN` and `report` write into a run directory, but the lock
 
 
@@ -61,31 +66,34 @@ def _written_by_coevolve(name: str, layout: Layout) -> str | Layout | None:
     for pattern, kind in layout.items():
         if re.fullmatch(pattern, name):
             return kind
-    temp = re.fullmatch(r"\.(.+)\.\w+", name)
-    if temp and _written_by_coevolve(temp[1], layout) == FILE:
-        return FILE
+    if name.startswith("."):  # an atomic write's temporary file: .<name>.<suffixes>
+        parts = name[1:].split(".")
+        if any(_written_by_coevolve(".".join(parts[:i]), layout) == FILE for i in range(1, len(parts))):
+            return FILE
     return None
 
 
 def removal_plan(folder: Path, layout: Layout = RUN_LAYOUT) -> tuple[list[Path], list[str]]:
     """What removing an earlier run from ``folder`` would delete: (paths in deletion order, files before their
-    folders; entries no run writes, relative to ``folder``). Reads only; symlinks are never followed (a symlink is
-    always foreign, whatever its name)."""
+    folders; entries no run writes, relative to ``folder``). Reads only; symlinks are never followed: a symlink is
+    foreign unless the layout names a tool's own link there (W&B's), which is removed, not followed."""
     remove: list[Path] = []
     foreign: list[str] = []
 
-    def walk(path: Path, layout: Layout, relative: str) -> None:
+    def walk(path: Path, layout: Layout | None, relative: str) -> None:
+        """``layout`` None: a TREE's contents, all removed."""
         with os.scandir(path) as entries:
             for entry in sorted(entries, key=lambda e: e.name):
                 if entry.name == LOCK_NAME and path == folder:
                     continue
-                expected = _written_by_coevolve(entry.name, layout)
+                expected = TREE if layout is None else _written_by_coevolve(entry.name, layout)
                 mode = entry.stat(follow_symlinks=False).st_mode
                 name = f"{relative}{entry.name}"
-                if expected == FILE and stat.S_ISREG(mode):
+                if (expected == FILE and stat.S_ISREG(mode)) or (expected in (LINK, TREE) and stat.S_ISLNK(mode)) \
+                        or (expected == TREE and not stat.S_ISDIR(mode)):
                     remove.append(Path(entry.path))
-                elif isinstance(expected, dict) and stat.S_ISDIR(mode):
-                    walk(Path(entry.path), expected, f"{name}/")
+                elif (isinstance(expected, dict) or expected == TREE) and stat.S_ISDIR(mode):
+                    walk(Path(entry.path), expected if isinstance(expected, dict) else None, f"{name}/")
                     remove.append(Path(entry.path))
                 else:
                     foreign.append(name + ("/" if stat.S_ISDIR(mode) else " (a symlink)" if stat.S_ISLNK(mode)

@@ -30,8 +30,9 @@ import re
 import shutil
 import struct
 import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from coevolve import distributed
 from coevolve.jsonio import atomic_write_text, dumps, fsync_path, read_jsonl
-from coevolve.records import current_metric_names
+from coevolve.records import SampleRow, current_metric_names
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +78,9 @@ class RunStore:
         """The rows of ``metrics.jsonl``, with today's metric names."""
         return [current_metric_names(row) for row in read_jsonl(self.metrics_path)]
 
-    def write_samples(self, step: int, records: Iterable[Mapping[str, Any]]) -> None:
-        """Write the samples of one step (atomically, one file per step)."""
-        text = "".join(dumps(r) + "\n" for r in records)
+    def write_samples(self, step: int, rows: Iterable[SampleRow]) -> None:
+        """Write the sample rows of one step as JSON lines (atomically, one file per step)."""
+        text = "".join(dumps(row.as_record()) + "\n" for row in rows)
         atomic_write_text(self.samples_dir / f"{STEP_DIR.format(step)}.jsonl", text)
 
     def samples(self, step: int) -> list[dict]:
@@ -124,6 +125,12 @@ class RunStore:
         for old in self.checkpoint_steps()[:-keep]:
             shutil.rmtree(self.checkpoints_dir / STEP_DIR.format(old), ignore_errors=True)
         return final
+
+    def checkpoint_roles(self, step: int) -> list[str]:
+        """The roles whose weights checkpoint ``step`` holds (``<role>.safetensors``), sorted."""
+        folder = self.checkpoints_dir / STEP_DIR.format(step)
+        return sorted(p.name.removesuffix(".safetensors") for p in folder.glob("*.safetensors")
+                      if not p.name.endswith(".optim.safetensors") and p.name != "rng.safetensors")
 
     def load_latest_checkpoint(self, models: Mapping[str, torch.nn.Module],
                                optimizers: Mapping[str, torch.optim.Optimizer],
@@ -186,17 +193,18 @@ class RunStore:
             raise CheckpointDamaged(f"{folder.name}: unreadable RNG state ({type(exc).__name__}: {exc})") from exc
         return state["recipe"]
 
-    def verify_checkpoint(self, step: int, models: Iterable[str], optimizers: Iterable[str] = ()) -> Path:
-        """The folder of step ``step``'s checkpoint, verified for reading the weights of ``models`` (role names) and
-        the optimizer state of ``optimizers``: ``state.json`` parses and has the checkpoint's keys, every file is
-        present and as long as its header says, every file has the SHA-256 that ``checksums.json`` recorded (a
-        checkpoint written before checksums were recorded has none to check), and the weights are finite. Raises
-        :class:`CheckpointDamaged` (one line naming the file) otherwise."""
+    def verify_checkpoint(self, step: int, models: Iterable[str] | None = None, optimizers: Iterable[str] = ()) -> Path:
+        """The folder of step ``step``'s checkpoint, verified for reading the weights of ``models`` (role names;
+        None: every role it holds) and the optimizer state of ``optimizers``: ``state.json`` parses and has the
+        checkpoint's keys, every file is present and as long as its header says, every file has the SHA-256 that
+        ``checksums.json`` recorded (a checkpoint written before checksums were recorded has none to check), and the
+        weights are finite. Raises :class:`CheckpointDamaged` (one line naming the file) otherwise; the check every
+        reader of a checkpoint makes first (resume, ``coevolve eval RUN``, ``coevolve export``)."""
         folder = self.checkpoints_dir / STEP_DIR.format(step)
-        models, optimizers = list(models), list(optimizers)
+        models = self.checkpoint_roles(step) if models is None else list(models)
+        optimizers = list(optimizers)
         if not folder.is_dir():
             raise CheckpointDamaged(f"{folder.name} does not exist (checkpoints: {self.checkpoint_steps()})")
-        _check_digests(folder)
         try:
             state = json.loads((folder / "state.json").read_bytes().decode("utf-8"))
         except (OSError, ValueError) as exc:  # missing, unreadable, invalid UTF-8 or JSON
@@ -210,6 +218,7 @@ class RunStore:
             problem = _safetensors_problem(folder / name)
             if problem:
                 raise CheckpointDamaged(f"{folder.name}/{name} {problem}")
+        _check_digests(folder)
         for role in models:
             try:
                 bad = _non_finite_tensor(folder / f"{role}.safetensors")
@@ -366,37 +375,3 @@ def _tuple_state(saved: list) -> tuple:
 def _np_rng_state() -> list:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
-
-
-def load_run_policy(target: str, checkpoint: int | None = None, *, trust_remote_code: bool = False):
-    """A model to evaluate: a run directory's checkpoint (latest unless ``checkpoint``), else a model name/path.
-
-    The model's own code runs only with ``trust_remote_code`` (the caller's flag), whatever the run's config says.
-    Returns (policy, the run's evaluation sets or None, a label for output folders).
-    """
-    from coevolve.config import load_yaml
-    from coevolve.models import load_policy
-
-    root = Path(target)
-    if not (root / "config.yaml").exists():
-        return load_policy(target, trust_remote_code=trust_remote_code), None, "model"
-    config = load_yaml(root / "config.yaml")
-    store = RunStore(root)
-    steps = store.checkpoint_steps()
-    if not steps:
-        raise FileNotFoundError(f"{root} has no completed checkpoint yet")
-    step = steps[-1] if checkpoint is None else checkpoint
-    folder = store.checkpoints_dir / STEP_DIR.format(step)
-    if not folder.exists():
-        raise FileNotFoundError(f"{root} has no checkpoint for step {step} (have: {steps})")
-    role = "solver" if (folder / "solver.safetensors").exists() else "policy"
-    store.verify_checkpoint(step, [role])
-    policy = load_policy(config["model"], trust_remote_code=trust_remote_code)
-    lora = (config.get("train") or {}).get("lora")
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        policy.model = get_peft_model(policy.model, LoraConfig(task_type="CAUSAL_LM", **lora))
-    load_model(policy.model, str(folder / f"{role}.safetensors"))
-    policy.model.eval()
-    return policy, config.get("eval_sets"), STEP_DIR.format(step)

@@ -225,14 +225,16 @@ def test_a_program_has_at_most_its_processes(executor: Executor) -> None:
 
 # Gets past the audit hook (a grading rule, not the boundary) by giving the hook a code object that does nothing.
 DISARM_HOOK = ("import gc, os, time\ndef _disarm():\n    x = None\n    def quiet(event, args):\n        return x\n"
-               "    return quiet\nfor hook in [o for o in gc.get_objects() if getattr(o, '__name__', '') == 'forbid']:\n"
+               "    return quiet\nfor hook in [o for o in gc.get_objects()"
+               " if getattr(o, '__name__', '') == 'forbid']:\n"
                "    hook.__code__ = _disarm().__code__\n")
 
 
 def test_a_fork_bomb_past_the_audit_hook_is_held_and_swept(executor: Executor) -> None:
     """Real processes, not threads: RLIMIT_NPROC stops the forks at ``processes`` (the program included), the sweep
     kills what is left, and the next program finds the sandbox empty."""
-    bounded = Job(DISARM_HOOK + "def f():\n    started = 0\n    while True:\n        try:\n            pid = os.fork()\n"
+    bounded = Job(DISARM_HOOK + "def f():\n    started = 0\n    while True:\n        try:\n"
+                  "            pid = os.fork()\n"
                   "        except OSError:\n            return started\n        if pid == 0:\n"
                   "            time.sleep(60)\n            os._exit(0)\n        started += 1", "f()")
     bomb = Job(DISARM_HOOK + "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass", "1")
@@ -278,7 +280,7 @@ def test_a_frozen_worker_is_replaced(home: Path) -> None:
 
 def test_unconfined_opt_in_runs_programs_in_separate_limited_processes(home: Path) -> None:
     with Executor(LIMITS, workers=1, confinement="none") as pool:
-        outcomes = pool.run([SENTINEL, Job("import os", "os.getpid() != int(%d)" % os.getpid()),
+        outcomes = pool.run([SENTINEL, Job("import os", f"os.getpid() != int({os.getpid()})"),
                              Job("while True:\n    pass", "1"), Job("x = bytearray(10 * 2**30)", "1"),
                              Job("import os", f"os.environ[{SECRET_NAME!r}]"), Job("import os", "os.system('true')")])
     assert [o.status for o in outcomes] == ["ok", "ok", "timeout", "memory", "error", "forbidden"]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from coevolve.formats import Generation
 from coevolve.grading import MAX_TEXT_CHARS, extract_answer, majority_vote, pop_bound_counts, tag_blocks
 from coevolve.grading.guard import PARSE_ERROR, TEXT_TOO_LONG, VOTE_OVER_BUDGET
 from coevolve.recipes.dynamic_rl import parse_paper_question
@@ -37,7 +38,7 @@ PARSERS = {
     "arith.parse_answer(chat)": (lambda t: arith.parse_answer(t, "chat"), None, BOXED),
     "arith.parse_question(compact)": (arith.parse_question, None, "Q:2+3\nA:5"),
     "arith.parse_question(chat)": (lambda t: arith.parse_question(t, "chat", "a=3,b=4"), None, "Question: a+b"),
-    "dynamic_rl": (lambda t: parse_paper_question(Completion("", [], [], t, finish_reason="stop")), None,
+    "dynamic_rl": (lambda t: parse_paper_question(Completion("", [], [], t, finish_reason="stop")), Generation(None),
                    "Question: What is 2+3?\nSolution: 5"),
     "opensir teacher": (lambda t: parse_teacher_output(t, "code").problem, None,
                         "<think>t</think><problem>What is 12 + 30?</problem><concepts>integer addition</concepts>"),
@@ -273,7 +274,7 @@ def test_eval_of_a_damaged_checkpoint_is_one_error_line(two_checkpoints, tmp_pat
         DAMAGES[damage](out / "checkpoints" / "step_000002")
         result = CliRunner().invoke(app, ["eval", str(out), "--sets", "arith_l1", "--limit", "2"])
         errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-        assert result.exit_code == 1 and len(errors) == 1 and needle in errors[0], result.output
+        assert result.exit_code == 2 and len(errors) == 1 and needle in errors[0], result.output
         assert not (out / "eval").exists()
 
 

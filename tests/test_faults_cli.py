@@ -196,6 +196,11 @@ def config_errors(tmp_path: Path) -> list[tuple[list[str], str, int]]:
         ([*run, "ttrl", "--set", "task=math", "--set", "eval_sets=[]", "--set", math_empty], "empty", 1),
         ([*run, "ttrl", "--set", "task=math", "--set", "eval_sets=[]", "--set", math_empty, "--set",
           "params.pool_source=gsm8k"], "pool", 1),
+        ([*run, "pasodoble", "--set", "params.scale_std=false"], "is now params.advantage", 2),
+        ([*run, "r_zero", "--set", "params.questioner_epochs=2"], "is now roles.questioner.epochs", 2),
+        ([*run, "r_zero", "--set", "roles.proposer.epochs=2"], "roles.proposer", 2),
+        ([*run, "grpo", "--set", "roles.solver.lr_schedule=cosine"], "roles.solver.lr_schedule", 2),
+        ([*run, "infuser", "--set", "roles.generator.lr=-1"], "roles.generator.lr", 2),
         ([*run, "opensir", "--set", "frozen_generator=true", "--set", "params.train_roles=teacher"],
          "params.train_roles", 2),
         ([*run, "r_zero", "--set", "params.format_examples=2"], "format help", 2),
@@ -307,8 +312,10 @@ def test_a_late_failure_is_one_line_and_the_run_resumes(tmp_path, random_model_d
 
 # --- 6. values that pass validation but make garbage ----------------------------------------------------------------
 
-@pytest.mark.parametrize("setting, key", [("train.lr=inf", "train.lr"), ("rollout.temperature=inf", "rollout.temperature"),
-                                          ("train.kl_beta=nan", "train.kl_beta"), ("params.lambda_q=inf", "params.lambda_q")])
+@pytest.mark.parametrize("setting, key", [("train.lr=inf", "train.lr"),
+                                          ("rollout.temperature=inf", "rollout.temperature"),
+                                          ("train.kl_beta=nan", "train.kl_beta"),
+                                          ("params.lambda_q=inf", "params.lambda_q")])
 def test_non_finite_config_values_are_refused(setting, key):
     from coevolve.config import ConfigError
     from coevolve.recipes import resolve
@@ -361,7 +368,8 @@ def test_a_second_writer_is_refused(tmp_path, random_model_dir):
     assert tiny_run(random_model_dir, out).exit_code == 0
     before = tree(out)
     holder = subprocess.Popen([sys.executable, "-c", "import filelock, sys, time\n"
-                               "lock = filelock.FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(60)",
+                               "lock = filelock.FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); "
+                               "time.sleep(60)",
                                str(out / LOCK_NAME)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -17,8 +17,8 @@ from coevolve.recipes import RECIPES, resolve
 CODE_OPTIMIZER = {"train.clip_low": 0.2, "train.clip_high": 0.3, "train.dual_clip": 3.0, "train.weight_decay": 0.01,
                   "train.optimizer_reset": "phase", "train.kl_reference": "phase_start"}
 # Prism's config, loaded by the jobs of both roles: cosine with a 10% warm-up, down to 10% of the peak
-PRISM_LR = {"train.lr_warmup_ratio": 0.1, "train.lr_min_ratio": 0.1, "questioner_lr_schedule": "cosine",
-            "solver_lr_schedule": "cosine"}
+PRISM_LR = {"train.lr_warmup_ratio": 0.1, "train.lr_min_ratio": 0.1, "roles.questioner.lr_schedule": "cosine",
+            "roles.solver.lr_schedule": "cosine"}
 # Both codes' sampling: training rollouts (either role) top_p 0.99, no top_k, 4,096 tokens; the solver's scoring and
 # labelling votes top_p 1, top_k 40; the questioner's pool top_p 0.95
 CODE_SAMPLING = {"config.rollout.top_p": 0.99, "config.rollout.top_k": 0, "config.rollout.max_new_tokens": 4096,
@@ -28,8 +28,9 @@ CODE_SAMPLING = {"config.rollout.top_p": 0.99, "config.rollout.top_k": 0, "confi
 R_ZERO_TABLE = {
     ("r_zero", "paper"): {  # Prism's App. A for R-Zero; the step structure of Prism's scripts
         "config.steps": 4 * (6 + 20), "questioner_steps": 6, "solver_steps": 20,
-        "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
-        "solver_questions": 512, "solver_group": 8, "solver_mini_batch_size": 1024, "solver_epochs": 2,
+        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
+        "roles.questioner.epochs": 2,
+        "solver_questions": 512, "solver_group": 8, "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2,
         "score_samples": 10, "label_samples": 8, "pool_size": 8000, "band": [0.25, 0.75], "pool_p_denominator": "all",
         "reward_form": "paper", "advantage": "dr_grpo", "solver_format_weight": 0.0, "filter_prove": True,
         "questioner_init": "previous_questioner",
@@ -37,26 +38,29 @@ R_ZERO_TABLE = {
         "label_max_tokens": 2048, "pool_band": None, "missing_answer_votes": "drop"},
     ("r_zero", "reference_code"): {  # R-Zero's repository (EasyR1): 5 iterations, checkpoints 5 / 15 kept
         "config.steps": 5 * (5 + 15), "questioner_steps": 5, "solver_steps": 15,
-        "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 1,
-        "solver_questions": 512, "solver_group": 5, "solver_mini_batch_size": 640, "solver_epochs": 1,
+        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
+        "roles.questioner.epochs": 1,
+        "solver_questions": 512, "solver_group": 5, "roles.solver.mini_batch_size": 640, "roles.solver.epochs": 1,
         "score_samples": 10, "label_samples": 9, "pool_size": 8000, "band": [0.3, 0.8], "pool_p_denominator": "all",
         "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
         "questioner_init": "previous_questioner", "question_max_tokens": 4096, "config.rollout.max_new_tokens": 4096,
-        "train.lr": 1e-6, "train.kl_beta": 1e-2, **CODE_OPTIMIZER, "solver_lr_schedule": None,
-        "questioner_lr_schedule": None, "config.train.lr_schedule": "constant", "train.lr_warmup_ratio": 0.0,
+        "train.lr": 1e-6, "train.kl_beta": 1e-2, **CODE_OPTIMIZER, "roles.solver.lr_schedule": None,
+        "roles.questioner.lr_schedule": None, "config.train.lr_schedule": "constant", "train.lr_warmup_ratio": 0.0,
         **CODE_SAMPLING, "label_max_tokens": None, "pool_band": None, "missing_answer_votes": "code"},
     ("r_zero", "prism_code"): {  # the R-Zero baseline of Prism's scripts
         "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
-        "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
-        "solver_questions": 512, "solver_group": 8, "solver_mini_batch_size": 1024, "solver_epochs": 2,
+        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
+        "roles.questioner.epochs": 2,
+        "solver_questions": 512, "solver_group": 8, "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2,
         "score_samples": 10, "label_samples": 8, "band": [0.3, 0.8], "pool_p_denominator": "all",
         "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
         "train.lr": 1e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, **PRISM_LR, **CODE_SAMPLING,
         "label_max_tokens": 2048, "pool_band": None, "missing_answer_votes": "code"},
     ("prism", "paper"): {
         "config.steps": 4 * (6 + 20), "questioner_steps": 6, "solver_steps": 20,
-        "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
-        "solver_questions": 512, "solver_group": 8, "solver_mini_batch_size": 1024, "solver_epochs": 2,
+        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
+        "roles.questioner.epochs": 2,
+        "solver_questions": 512, "solver_group": 8, "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2,
         "score_samples": 10, "label_samples": 8, "band": [0.5, 0.9], "pool_p_denominator": "all",
         "advantage": "dr_grpo", "questioner_init": "solver", "k": 128, "lam": 5.0, "gamma": 0.99, "alpha": 1.0,
         "reference_corpus": "math_minus_math500", "train.lr": 5e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER,
@@ -64,9 +68,10 @@ R_ZERO_TABLE = {
         "count_reset": "never"},
     ("prism", "reference_code"): {
         "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
-        "questioner_mini_batch_size": 64, "questioner_epochs": 2, "solver_questions": 512, "solver_group": 8,
-        "solver_mini_batch_size": 1024, "solver_epochs": 2, "pool_p_denominator": "all", "advantage": "grpo",
-        "solver_format_weight": 0.1, "filter_prove": False, "k": 128, "reference_corpus": "math_minus_math500_gsm8k_train",
+        "roles.questioner.mini_batch_size": 64, "roles.questioner.epochs": 2, "solver_questions": 512,
+        "solver_group": 8, "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2,
+        "pool_p_denominator": "all", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
+        "k": 128, "reference_corpus": "math_minus_math500_gsm8k_train",
         "train.lr": 1e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, **PRISM_LR, **CODE_SAMPLING,
         "label_max_tokens": 2048, "band": [0.5, 0.9], "pool_band": [0.49, 0.81], "missing_answer_votes": "code",
         "questioner_init": "previous_questioner", "count_reset": "iteration"},
@@ -85,6 +90,9 @@ def resolved(recipe: str, preset: str, key: str):
     config, params, _ = resolve(recipe, preset=preset)
     if key.startswith("train."):
         return getattr(config.train, key.split(".", 1)[1])
+    if key.startswith("roles."):  # a role's own setting; None: the run's train.* value
+        _, role, name = key.split(".")
+        return getattr(config.roles.get(role), name, None)
     if key.startswith("config."):
         node = config
         for part in key.split(".")[1:]:
@@ -97,9 +105,10 @@ def resolved(recipe: str, preset: str, key: str):
 def test_r_zero_and_prism_presets(recipe, preset):
     for key, want in R_ZERO_TABLE[(recipe, preset)].items():
         assert resolved(recipe, preset, key) == want, key
-    _, p, _ = resolve(recipe, preset=preset)
-    questioner = math.ceil(p.questioner_prompts * p.questioner_group / p.questioner_mini_batch_size) * p.questioner_epochs
-    solver = math.ceil(p.solver_questions * p.solver_group / p.solver_mini_batch_size) * p.solver_epochs
+    config, p, _ = resolve(recipe, preset=preset)
+    q, s = config.roles["questioner"], config.roles["solver"]
+    questioner = math.ceil(p.questioner_prompts * p.questioner_group / q.mini_batch_size) * q.epochs
+    solver = math.ceil(p.solver_questions * p.solver_group / s.mini_batch_size) * s.epochs
     assert (questioner, solver) == OPT_STEPS[(recipe, preset)]
 
 
@@ -115,12 +124,10 @@ def test_every_paper_and_code_preset_states_its_step_structure():
         config, p, _ = resolve("infuser", preset=preset)
         assert (p.minibatch_prompts * p.group_size, config.train.epochs) == (256, 1)
     # PasoDoble: one step per batch for both roles in the paper; the code's Solver steps every 2 sequences
-    _, paper, _ = resolve("pasodoble", preset="paper")
-    assert (paper.proposer_mini_batch_size, paper.proposer_epochs, paper.solver_mini_batch_size,
-            paper.solver_epochs) == (0, 1, 0, 1)
-    _, code, _ = resolve("pasodoble", preset="reference_code")
-    assert (code.proposer_mini_batch_size, code.proposer_epochs, code.solver_mini_batch_size,
-            code.solver_epochs) == (0, 1, 2, 1)
+    for preset, solver_mini_batch in (("paper", 0), ("reference_code", 2)):
+        roles = resolve("pasodoble", preset=preset)[0].roles
+        assert (roles["proposer"].mini_batch_size, roles["proposer"].epochs, roles["solver"].mini_batch_size,
+                roles["solver"].epochs) == (0, 1, solver_mini_batch, 1), preset
 
 
 def test_pasodoble_counts_updates():

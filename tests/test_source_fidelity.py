@@ -13,6 +13,7 @@ import statistics
 import pytest
 import torch
 
+from coevolve.formats import Generation
 from coevolve.grading.vote import majority_vote
 from coevolve.loop import run
 from coevolve.recipes import resolve
@@ -74,8 +75,8 @@ def test_r_zero_solver_phases_start_a_fresh_adamw_and_follow_the_schedule(random
     """Steps 3-4 and 7-8 are the solver's phases (2 + 2 steps per iteration): its AdamW step count restarts at the
     second phase only with ``phase``; the cosine lr is at 55% of the peak at the phase's second step."""
     for reset, count in (("phase", 1), ("never", 3)):
-        recipe, _ = make("r_zero", random_model_dir, "params.pool_size=4", f"params.solver_optimizer_reset={reset}",
-                         "params.solver_lr_schedule=cosine", "train.lr_min_ratio=0.1", "train.lr=1e-3")
+        recipe, _ = make("r_zero", random_model_dir, "params.pool_size=4", f"roles.solver.optimizer_reset={reset}",
+                         "roles.solver.lr_schedule=cosine", "train.lr_min_ratio=0.1", "train.lr=1e-3")
         stub_questions(recipe, ["1+2", "2+2", "3+3", "4+4"])
         stub_labels(recipe, [["1", "1", "2", "3"]] * 100)  # p = 1/2: every pool question kept
         opt = recipe.solver_trainer.optimizer
@@ -128,7 +129,7 @@ def _pasodoble(model_dir, *sets):
         "params.solutions=4", "rollout.max_new_tokens=8", "params.proposer_max_tokens=8", "train.lr=1e-2",
         "params.solver_reward=random_full", "params.tau_low=0", *sets])
     recipe = cls(config, params)
-    recipe.read_generation = lambda text, passage: ("a+b", "7")
+    recipe.read_generation = lambda output, document: Generation("a+b", "7")
     return recipe, config
 
 
@@ -275,10 +276,9 @@ def test_a_question_without_a_box_is_valid_only_with_the_code_switch(random_mode
 
 def _lr_factors(recipe: str, preset: str) -> dict[str, list[float]]:
     config, params, _ = resolve(recipe, preset=preset)
-    roles = params.role_updates()
     return {role: [phase_lr_factor(settings, i, total) for i in range(total)]
             for role, total in (("questioner", params.questioner_steps), ("solver", params.solver_steps))
-            for settings in [roles[role].apply(update_settings(config.train))]}
+            for settings in [update_settings(config.train, config.roles.get(role))]}
 
 
 def test_prism_derived_presets_warm_up_and_decay_both_roles():

@@ -103,8 +103,11 @@ def test_bf16_copy_logprobs_are_within_bf16_rounding_of_the_trainer_and_turn_tis
                       for i, c in enumerate(completions)])
     assert next(engine.copy.model.parameters()).dtype == torch.bfloat16
     assert 0 < gaps.max() < 0.02 and gaps.mean() < 0.004, (gaps.max(), gaps.mean())  # bf16 rounding (0.0018, 4e-4)
-    assert resolve("grpo", sets=["rollout.dtype=bf16"])[0].train.tis_cap == DEFAULT_TIS_CAP
-    assert resolve("grpo", sets=["rollout.dtype=fp32"])[0].train.tis_cap is None
+    config, params, cls = resolve("grpo")
+    assert cls.tis_cap(config, params, bf16_sampler=True) == DEFAULT_TIS_CAP
+    assert cls.tis_cap(config, params, bf16_sampler=False) is None
+    config, params, cls = resolve("grpo", sets=["train.tis_cap=5"])
+    assert cls.tis_cap(config, params, bf16_sampler=True) == 5.0  # an explicit cap wins
 
 
 def test_the_copy_follows_the_trainers_updates_and_can_be_freed(tokenizer):

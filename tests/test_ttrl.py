@@ -9,6 +9,7 @@ import signal
 
 import pytest
 import torch
+from helpers import records
 from run_checks import assert_same_training, run_killed, train_rows
 from typer.testing import CliRunner
 
@@ -125,7 +126,7 @@ def test_step_rewards_agreement_with_the_majority_never_the_ground_truth(random_
     recipe.sample_groups = _canned(recipe.policy.tokenizer, _texts)
     recipe.batch = lambda step: [0, 1, 2]  # pool order fixed for the worked example
     out = recipe.step(1)
-    rows = out.samples
+    rows = records(out)
     assert len(rows) == 3 * 6 and [r["trained"] for r in rows[:6]] == [True] * 4 + [False] * 2
     truth = [str(arith.evaluate(recipe.pool[i].question, recipe.pool[i].doc)) for i in range(3)]
     assert [recipe.pool[i].answer for i in range(3)] == truth
@@ -148,8 +149,8 @@ def test_step_rewards_agreement_with_the_majority_never_the_ground_truth(random_
     recipe.sample_groups = _canned(recipe.policy.tokenizer,
                                    lambda g, right: [f"A:{right}"] * 4 + ["S:?"] * 2 if g == 0 else _texts(g, right))
     again = recipe.step(2)
-    tie_changed = again.samples[12]["label"] != tie_label  # a tie is drawn again with step 2's seed
-    assert again.samples[0]["label"] == truth[0] and again.samples[6]["label"] == truth[1]
+    tie_changed = records(again)[12]["label"] != tie_label  # a tie is drawn again with step 2's seed
+    assert records(again)[0]["label"] == truth[0] and records(again)[6]["label"] == truth[1]
     assert again.metrics["ttrl/seen_before_rate"] == 1.0
     assert again.metrics["ttrl/majority_changed_rate"] == pytest.approx((1 + tie_changed) / 3)
 
@@ -158,7 +159,7 @@ def test_ground_truth_arm_rewards_the_hidden_answer(random_model_dir):
     recipe = _recipe(random_model_dir, "params.label_source=ground_truth")
     recipe.sample_groups = _canned(recipe.policy.tokenizer, _texts)
     recipe.batch = lambda step: [0, 1, 2]
-    rows = recipe.step(1).samples
+    rows = records(recipe.step(1))
     assert [r["reward"] for r in rows[:4]] == [0.0, 0.0, 0.0, 1.0]
     assert all(r["label_source"] == "ground_truth" for r in rows)
 

@@ -102,7 +102,7 @@ class Outcome:
         return self.status == "ok"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bwrap_options(bwrap: str) -> frozenset[str]:
     """The options this bubblewrap knows (``--size`` and ``--disable-userns`` are recent)."""
     try:

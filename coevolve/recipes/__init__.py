@@ -1,12 +1,20 @@
-"""One file per method; ``resolve`` layers a recipe's defaults, a preset, a YAML file and --set overrides."""
+"""One file per method; ``resolve`` layers a recipe's defaults, a preset, a YAML file and --set overrides.
+
+Every module of this package but ``base`` and ``generator`` is a recipe, imported here so that its ``@register``
+runs: a new recipe is a new file, with no import list to edit.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import importlib
+import pkgutil
+from collections.abc import Sequence
+from typing import Any
 
 from coevolve.config import (
     MAX_CONFIG_BYTES,
     ConfigError,
+    RoleSettings,
     RunConfig,
     deep_merge,
     load_yaml,
@@ -16,9 +24,12 @@ from coevolve.config import (
 )
 from coevolve.evaluation.harness import EVAL_PRESETS
 from coevolve.formats import GeneratorFormat
-from coevolve.recipes import dynamic_rl, grpo, infuser, opensir, pasodoble, prism, r_zero, ttrl  # noqa: F401  (importing registers each recipe)
 from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
 from coevolve.recipes.generator import GeneratorRecipe
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in ("base", "generator"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["FORMATS", "RECIPES", "Recipe", "resolve", "resolve_saved"]
 
@@ -36,7 +47,8 @@ def default_eval_sets(task: str) -> list[str]:
 
 def _finish(raw: dict[str, Any], recipe_name: str) -> tuple[RunConfig, RecipeParams, type[Recipe]]:
     cls = RECIPES[recipe_name]
-    config, params = validate(raw, cls.Params)
+    moved = {f"{role}_{key}": f"roles.{role}.{key}" for role in cls.roles for key in RoleSettings.model_fields}
+    config, params = validate(raw, cls.Params, renamed={**moved, **cls.Params.renamed})
     if config.eval_preset not in EVAL_PRESETS:
         raise ConfigError(f"config key 'eval_preset': unknown evaluation preset {config.eval_preset!r} (known: "
                           f"{', '.join(EVAL_PRESETS)})")

@@ -37,7 +37,6 @@ from coevolve.config import RunConfig
 from coevolve.data.benchmarks import load_benchmark
 from coevolve.grading.equivalence import normalize_answer
 from coevolve.grading.vote import VoteResult
-from coevolve.models import Policy
 from coevolve.recipes.base import (
     ArithLevels,
     PhaseTimer,
@@ -50,10 +49,9 @@ from coevolve.recipes.base import (
     step_seed,
     train_samples,
 )
-from coevolve.records import solver_row
+from coevolve.records import SampleRow, solver_row
 from coevolve.rewards.majority import agreement_rewards, seeded_vote, vote_margin
 from coevolve.rl.advantages import compute_advantages
-from coevolve.rl.trainer import PolicyTrainer
 from coevolve.rollout import Completion
 from coevolve.tasks.registry import Problem, Task, TaskDataError, get_task
 
@@ -152,9 +150,8 @@ class TTRL(Recipe):
 
     def __init__(self, config, params: TTRLParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
         self.policy = self.load_policy()
-        self.trainer = self.make_trainer(self.policy)
+        self.trainer = self.make_trainer(self.policy, "solver")
         self.pool = build_pool(config, params, self.task)
         self.vote_equivalence = self.task.vote_equivalence  # exact for integers, math-verify for math
         self.last_label: dict[str, str | None] = {}  # question id -> its majority answer when last voted on
@@ -174,12 +171,6 @@ class TTRL(Recipe):
         else:
             extra = [params.pool_source]
         return super().data_sets(config, params) + extra
-
-    def trainers(self) -> dict[str, PolicyTrainer]:
-        return {"solver": self.trainer}
-
-    def solver(self) -> Policy:
-        return self.policy
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_label": dict(self.last_label)}
@@ -218,7 +209,7 @@ class TTRL(Recipe):
         with timer("update_solver"):
             self.trainer.phase_step(step - 1, self.config.steps)  # the lr schedule runs over the whole run
             completions = [v.group[i] for v in voted for i in v.trained]
-            stats = self.trainer.update(train_samples(completions, advantages, "solver"))
+            stats = self.trainer.update(train_samples(completions, advantages))
         metrics = self.vote_metrics(voted)  # before ``last_label`` moves on
         for v in voted:
             self.last_label[f"pool{v.index}"] = v.vote.label
@@ -253,7 +244,8 @@ class TTRL(Recipe):
             "reward/correct": mean(truth),
             "ttrl/label_accuracy": label_accuracy,
             "ttrl/label_error_rate": 1.0 - label_accuracy,
-            "ttrl/reward_accuracy": mean([float(float(agree) == t) for (_, agree, _), t in zip(trained_answers, truth)]),
+            "ttrl/reward_accuracy": mean([float(float(agree) == t)
+                                          for (_, agree, _), t in zip(trained_answers, truth)]),
             "ttrl/majority_ratio": mean([v.vote.p for v in voted]),
             "ttrl/vote_margin": mean([vote_margin(v.vote) for v in voted]),
             "ttrl/no_label_rate": mean([float(v.vote.label is None) for v in voted]),
@@ -263,7 +255,7 @@ class TTRL(Recipe):
             "solver/none_rate": mean([float(a is None) for v in voted for a in v.answers]),
         }
 
-    def records(self, step: int, voted: list[Voted], advantages: Sequence[float]) -> list[dict[str, Any]]:
+    def records(self, step: int, voted: list[Voted], advantages: Sequence[float]) -> list[SampleRow]:
         """One solver row per vote sample; ``trained`` marks the M that entered the update."""
         rows, k = [], 0
         label_source = "majority" if self.params.label_source == "majority" else "ground_truth"
@@ -277,9 +269,9 @@ class TTRL(Recipe):
                     label=label, label_source=label_source, solve_rate=v.vote.p,
                     reward=v.rewards[trained[i]] if in_update else None,
                     reward_terms={"agree": float(v.vote.agree[i])},
-                    advantage=float(advantages[k + trained[i]]) if in_update else None, trained=in_update,
-                    vote_margin=vote_margin(v.vote),
-                    oracle=self.task.oracle(v.problem.question, v.problem.doc, a, label)))
+                    advantage=float(advantages[k + trained[i]]) if in_update else None,
+                    oracle=self.task.oracle(v.problem.question, v.problem.doc, a, label),
+                    extra={"trained": in_update, "vote_margin": vote_margin(v.vote)}))
             k += len(v.trained)
         return rows
 
