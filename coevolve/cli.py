@@ -220,7 +220,7 @@ def eval_(
     target: str = typer.Argument(..., help="model name, local model folder, or run directory"),
     sets: str = typer.Option(None, "--sets", "--task", help="comma-separated evaluation sets (default: the run's)"),
     preset: str = typer.Option("greedy", "--preset", help="sampling defaults: greedy or a paper's protocol "
-                               "(prism, dynamic_rl, opensir, pasodoble, infuser)"),
+                               "(prism, dynamic_rl, opensir, pasodoble, infuser, ttrl, r_zero)"),
     limit: int | None = typer.Option(None, "--limit", min=1, help="seeded subset of this many questions per set"),
     n: int | None = typer.Option(None, "--n", min=1, help="samples per question (avg@n, pass@k)"),
     k: int | None = typer.Option(None, "--k", min=1, help="k for pass@k (default n)"),

@@ -33,6 +33,7 @@ _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxoth
 # Settings the trainer's UpdateSettings shares with the config (coevolve.rl.trainer types its fields with these)
 LrSchedule = Literal["constant", "cosine"]
 OptimizerReset = Literal["never", "phase"]
+KlReference = Literal["initial", "phase_start"]
 LossAgg = Literal["seq_mean", "token_sum_norm", "token_mean"]
 Precision = Literal["auto", "fp32", "bf16"]  # auto: bf16 on a CUDA device that has it, fp32 otherwise
 
@@ -134,6 +135,10 @@ class TrainConfig(Strict):
                                   "rollouts are not sampled from the trained weights (vllm, a bf16 sampler copy, "
                                   "constrained decoding), off otherwise")
     kl_beta: float = Field(0.0, ge=0)
+    kl_reference: KlReference = Field(
+        "initial", description="the KL term's reference: initial, the weights the role started the run with; "
+        "phase_start, its weights at the start of each of its phases (recipes with phases), as when each phase is a "
+        "new training job whose reference is the job's starting model (R-Zero's and Prism's code)")
     loss_agg: LossAgg = "seq_mean"
     norm_constant: int | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
     lora: LoraSettings | None = None
@@ -182,6 +187,9 @@ class RunConfig(Strict):
     eval_sets: list[str] | None = Field(None, description="default: the task's sets (arith: levels 1-6)")
     eval_limit: int | None = Field(200, gt=0, description="questions per evaluation set")
     eval_max_new_tokens: int = Field(96, gt=0, description="arith: the longest level-6 trace is 82 characters")
+    eval_preset: str = Field("greedy", description="sampling of the in-training evaluation: a `coevolve eval` "
+                             "preset (greedy; a paper's protocol such as ttrl: avg@16 at temperature 0.6, n times "
+                             "the cost); eval_max_new_tokens stays the budget")
     frozen_generator: bool = Field(False, description="two-role recipes: never update the generator (baseline)")
     checkpoint_every: int = Field(1, gt=0)
     keep_checkpoints: int = Field(2, gt=0)

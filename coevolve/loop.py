@@ -35,15 +35,17 @@ def _non_finite_roles(models: dict[str, torch.nn.Module]) -> list[str]:
 
 
 def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: int) -> dict[str, float]:
-    """Greedy accuracy of the recipe's solver on the configured evaluation sets (one metrics row):
-    ``eval/<set>/accuracy`` (strict answer format) and ``eval/<set>/accuracy_lenient`` (last number or expression)."""
+    """Accuracy of the recipe's solver on the configured evaluation sets (one metrics row), sampled as the
+    ``eval_preset`` says (greedy by default; a sampled protocol's accuracy is the mean over its n samples per
+    question, avg@n) within ``eval_max_new_tokens``: ``eval/<set>/accuracy`` (strict answer format) and
+    ``eval/<set>/accuracy_lenient`` (last number or expression)."""
     from coevolve.evaluation.harness import evaluate
 
     if not config.eval_sets:
         return {}
     policy = recipe.solver()
     started = time.perf_counter()
-    summaries = evaluate(policy, recipe.engine(policy), config.eval_sets, temperature=0.0,
+    summaries = evaluate(policy, recipe.engine(policy), config.eval_sets, preset=config.eval_preset,
                          max_new_tokens=config.eval_max_new_tokens, limit=config.eval_limit,
                          seed=config.seed, data_dir=config.data_dir,
                          out_dir=store.eval_dir / f"step_{step:06d}" if distributed.is_main() else None,
@@ -64,6 +66,10 @@ class _Run:
         self.trainers = recipe.trainers()
         self.models = {role: t.model for role, t in self.trainers.items()}
         self.optimizers = {role: t.optimizer for role, t in self.trainers.items()}
+        # KL references that phases move (train.kl_reference: phase_start) are saved and restored with the weights
+        self.saved_models = {**self.models, **{f"{role}_reference": t.checkpointed_reference
+                                               for role, t in self.trainers.items()
+                                               if t.checkpointed_reference is not None}}
         self.main = distributed.is_main()
         self.tracker: Tracker = Tracker()
         self.elapsed_before, self.started = 0.0, time.perf_counter()
@@ -77,7 +83,7 @@ class _Run:
         open the trackers. Returns the first step to run."""
         start = 1
         if resume:
-            loaded = self.store.load_latest_checkpoint(self.models, self.optimizers, self.restore)
+            loaded = self.store.load_latest_checkpoint(self.saved_models, self.optimizers, self.restore)
             if loaded:
                 start, self.elapsed_before = loaded[0] + 1, loaded[1]["time_s"]
             distributed.barrier()  # every rank has read the checkpoint before rank 0 trims what follows it
@@ -149,7 +155,7 @@ class _Run:
 
     def checkpoint(self, step: int) -> None:
         """Every rank: a sharded role's state is gathered; rank 0 writes."""
-        self.store.save_checkpoint(step, self.models, self.optimizers, {
+        self.store.save_checkpoint(step, self.saved_models, self.optimizers, {
             "time_s": self.now(), "loop_recipe": self.recipe.state_dict(),
             "updates_done": {role: t.updates_done for role, t in self.trainers.items()},
         }, keep=self.config.keep_checkpoints)

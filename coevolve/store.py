@@ -102,8 +102,8 @@ class RunStore:
         Every rank calls it: a sharded (``train.fsdp``) role's whole weights and optimizer state are gathered from
         all ranks first, so the files are those of one process. Rank 0 writes; the others return None.
         """
-        gathered = {role: (distributed.full_model_state(model),
-                           distributed.full_optimizer_state(model, optimizers[role]))
+        gathered = {role: (distributed.full_model_state(model),  # weights without an optimizer: a KL reference
+                           distributed.full_optimizer_state(model, optimizers[role]) if role in optimizers else None)
                     for role, model in models.items() if distributed.is_sharded(model)}
         if not distributed.is_main():
             return None

@@ -103,6 +103,20 @@ def test_greedy_default_and_argument_checks() -> None:
         evaluate(ChatPolicy(), engine, {"toy_math": MATH}, preset="nope", progress=False)
 
 
+def test_ttrl_and_r_zero_protocols() -> None:
+    """TTRL's scripts validate avg@16 at temperature 0.6, top-p 0.95 within 3 x 1024 tokens; R-Zero's evaluate
+    greedily within 4096 tokens, one sample."""
+    ttrl, r_zero = EVAL_PRESETS["ttrl"], EVAL_PRESETS["r_zero"]
+    assert (ttrl.temperature, ttrl.top_p, ttrl.top_k, ttrl.max_new_tokens, ttrl.n_samples) == (0.6, 0.95, 0, 3072, 16)
+    assert (r_zero.temperature, r_zero.top_p, r_zero.top_k, r_zero.max_new_tokens, r_zero.n_samples) == (
+        0.0, 1.0, 0, 4096, 1)
+    engine = ScriptedEngine(SCRIPT)
+    out = evaluate(ChatPolicy(), engine, {"toy_math": MATH}, preset="ttrl", progress=False)["toy_math"]
+    # 16 samples per question cycle each script: 2+2 right 8 of 16, 7*6 right 8 of 16 (42 and 42.0)
+    assert out["n_samples"] == 16 and out["avg@16"] == out["accuracy"] == 0.5 and out["pass@16"] == 1.0
+    assert engine.calls[0][1] == SamplingParams(temperature=0.6, top_p=0.95, top_k=0, max_new_tokens=3072)
+
+
 def _char_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

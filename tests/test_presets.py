@@ -15,7 +15,10 @@ from coevolve.recipes import RECIPES, resolve
 
 # Both codes' optimizer (verl / EasyR1 actor configs): what every GPU preset of r_zero and prism takes
 CODE_OPTIMIZER = {"train.clip_low": 0.2, "train.clip_high": 0.3, "train.dual_clip": 3.0, "train.weight_decay": 0.01,
-                  "train.optimizer_reset": "phase", "train.lr_min_ratio": 0.1}
+                  "train.optimizer_reset": "phase", "train.kl_reference": "phase_start"}
+# Prism's config, loaded by the jobs of both roles: cosine with a 10% warm-up, down to 10% of the peak
+PRISM_LR = {"train.lr_warmup_ratio": 0.1, "train.lr_min_ratio": 0.1, "roles.questioner.lr_schedule": "cosine",
+            "roles.solver.lr_schedule": "cosine"}
 # Both codes' sampling: training rollouts (either role) top_p 0.99, no top_k, 4,096 tokens; the solver's scoring and
 # labelling votes top_p 1, top_k 40; the questioner's pool top_p 0.95
 CODE_SAMPLING = {"config.rollout.top_p": 0.99, "config.rollout.top_k": 0, "config.rollout.max_new_tokens": 4096,
@@ -31,8 +34,8 @@ R_ZERO_TABLE = {
         "score_samples": 10, "label_samples": 8, "pool_size": 8000, "band": [0.25, 0.75], "pool_p_denominator": "all",
         "reward_form": "paper", "advantage": "dr_grpo", "solver_format_weight": 0.0, "filter_prove": True,
         "questioner_init": "previous_questioner",
-        "train.lr": 5e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, "roles.solver.lr_schedule": "cosine",
-        "roles.questioner.lr_schedule": None, **CODE_SAMPLING, "label_max_tokens": 2048},
+        "train.lr": 5e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, **PRISM_LR, **CODE_SAMPLING,
+        "label_max_tokens": 2048, "pool_band": None, "missing_answer_votes": "drop"},
     ("r_zero", "reference_code"): {  # R-Zero's repository (EasyR1): 5 iterations, checkpoints 5 / 15 kept
         "config.steps": 5 * (5 + 15), "questioner_steps": 5, "solver_steps": 15,
         "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
@@ -42,7 +45,8 @@ R_ZERO_TABLE = {
         "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
         "questioner_init": "previous_questioner", "question_max_tokens": 4096, "config.rollout.max_new_tokens": 4096,
         "train.lr": 1e-6, "train.kl_beta": 1e-2, **CODE_OPTIMIZER, "roles.solver.lr_schedule": None,
-        "config.train.lr_schedule": "constant", **CODE_SAMPLING, "label_max_tokens": None},
+        "roles.questioner.lr_schedule": None, "config.train.lr_schedule": "constant", "train.lr_warmup_ratio": 0.0,
+        **CODE_SAMPLING, "label_max_tokens": None, "pool_band": None, "missing_answer_votes": "code"},
     ("r_zero", "prism_code"): {  # the R-Zero baseline of Prism's scripts
         "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
         "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
@@ -50,8 +54,8 @@ R_ZERO_TABLE = {
         "solver_questions": 512, "solver_group": 8, "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2,
         "score_samples": 10, "label_samples": 8, "band": [0.3, 0.8], "pool_p_denominator": "all",
         "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
-        "train.lr": 1e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, "roles.solver.lr_schedule": "cosine",
-        **CODE_SAMPLING, "label_max_tokens": 2048},
+        "train.lr": 1e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, **PRISM_LR, **CODE_SAMPLING,
+        "label_max_tokens": 2048, "pool_band": None, "missing_answer_votes": "code"},
     ("prism", "paper"): {
         "config.steps": 4 * (6 + 20), "questioner_steps": 6, "solver_steps": 20,
         "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
@@ -60,17 +64,17 @@ R_ZERO_TABLE = {
         "score_samples": 10, "label_samples": 8, "band": [0.5, 0.9], "pool_p_denominator": "all",
         "advantage": "dr_grpo", "questioner_init": "solver", "k": 128, "lam": 5.0, "gamma": 0.99, "alpha": 1.0,
         "reference_corpus": "math_minus_math500", "train.lr": 5e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER,
-        "roles.solver.lr_schedule": "cosine", **CODE_SAMPLING, "label_max_tokens": 2048},
+        **PRISM_LR, **CODE_SAMPLING, "label_max_tokens": 2048, "pool_band": None, "missing_answer_votes": "drop",
+        "count_reset": "never"},
     ("prism", "reference_code"): {
         "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
         "roles.questioner.mini_batch_size": 64, "roles.questioner.epochs": 2, "solver_questions": 512,
-        "solver_group": 8,
-        "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2, "pool_p_denominator": "all",
-        "advantage": "grpo",
-        "solver_format_weight": 0.1, "filter_prove": False, "k": 128,
-        "reference_corpus": "math_minus_math500_gsm8k_train",
-        "train.lr": 1e-6, **CODE_OPTIMIZER, "roles.solver.lr_schedule": "cosine", **CODE_SAMPLING,
-        "label_max_tokens": 2048},
+        "solver_group": 8, "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2,
+        "pool_p_denominator": "all", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
+        "k": 128, "reference_corpus": "math_minus_math500_gsm8k_train",
+        "train.lr": 1e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, **PRISM_LR, **CODE_SAMPLING,
+        "label_max_tokens": 2048, "band": [0.5, 0.9], "pool_band": [0.49, 0.81], "missing_answer_votes": "code",
+        "questioner_init": "previous_questioner", "count_reset": "iteration"},
 }
 # AdamW steps per questioner / solver loop step in the source (spec prism.md §7; R-Zero's EasyR1 config)
 OPT_STEPS = {
@@ -135,16 +139,17 @@ def test_pasodoble_counts_updates():
         assert resolve("pasodoble", preset=preset)[1].proposer_max_tokens >= 96
 
 
-# ttrl: TTRL's §4 (MATH-500: 64 votes, 32 trained, lr 5e-7, 3072 tokens) and its released verl script
+# ttrl: TTRL's §4 (MATH-500: 64 votes, 32 trained, lr 5e-7 cosine, 3072 tokens) and its released verl scripts (every
+# one: the actor's KL loss 0.001; training top-p 1, verl's default; verl's dual clip 3 and weight decay 0.01; the
+# general-model scripts' temperature 0.6, which SmolLM2 takes); the code adds a 3% warm-up and verl's token-mean loss
+TTRL_CODE = {"vote_samples": 64, "train_samples": 32, "questions_per_step": 32, "pool_source": "math500",
+             "subset": "first", "config.rollout.temperature": 0.6, "config.rollout.top_p": 1.0,
+             "config.rollout.max_new_tokens": 3072, "train.lr": 5e-7, "train.lr_schedule": "cosine",
+             "train.kl_beta": 1e-3, "train.dual_clip": 3.0, "train.weight_decay": 0.01}
 TTRL_TABLE = {
-    "paper": {"vote_samples": 64, "train_samples": 32, "questions_per_step": 32, "pool_source": "math500",
-              "pool_size": 500, "subset": "first", "config.steps": 160, "config.rollout.temperature": 0.6,
-              "config.rollout.max_new_tokens": 3072, "train.lr": 5e-7, "train.lr_schedule": "cosine",
-              "train.lr_warmup_ratio": 0.0, "train.kl_beta": 0.0},
-    "reference_code": {"vote_samples": 64, "train_samples": 32, "questions_per_step": 32, "pool_source": "math500",
-                       "subset": "first", "config.rollout.temperature": 1.0, "config.rollout.max_new_tokens": 3072,
-                       "train.lr": 5e-7, "train.lr_schedule": "cosine", "train.lr_warmup_ratio": 0.03,
-                       "train.kl_beta": 1e-3},
+    "paper": {**TTRL_CODE, "pool_size": 500, "config.steps": 160, "train.lr_warmup_ratio": 0.0,
+              "train.loss_agg": "seq_mean"},
+    "reference_code": {**TTRL_CODE, "train.lr_warmup_ratio": 0.03, "train.loss_agg": "token_mean"},
 }
 
 

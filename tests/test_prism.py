@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import records
-from test_r_zero import TINY, question, stub_labels, stub_questions
+from test_r_zero import TINY, completion, question, stub_labels, stub_questions
 from typer.testing import CliRunner
 
 from coevolve.cli import app
@@ -132,3 +132,40 @@ def test_cli_run_and_resume(tmp_path, random_model_dir, space_dir):
     assert rows[0]["generator/reward_mean"] == -1.0  # the random model never writes a valid question
     state = json.loads(next((out / "checkpoints").glob("step_000003")).joinpath("state.json").read_text())
     assert state["recipe"]["loop_recipe"]["coverage"]["counts"] == [1.0] * 4
+
+
+def test_the_released_loop_keeps_the_questioner_and_restarts_the_counts(random_model_dir, space_dir):
+    """``reference_code``: Q_2 <- Q_1 (the released loop passes the previous questioner's checkpoint) and n <- alpha
+    at iteration 2 (each questioner job builds its counts afresh); the paper's reading is the test above."""
+    recipe, _ = make(random_model_dir, space_dir, "train.lr=1e-2", "params.pool_size=4",
+                     "params.questioner_init=previous_questioner", "params.count_reset=iteration")
+    stub_questions(recipe, ["0+1", "0+2", "1+1", "0+3"])  # per step: 3 questions in cluster 0, 1 in cluster 1
+    stub_labels(recipe, [["1", "1", "1", "2"]] * 100)  # p = 0.75 everywhere
+    for step in range(1, 5):
+        recipe.step(step)
+    assert recipe.coverage.updates == 2
+    questioner = [t.clone() for t in recipe.questioner.model.parameters()]
+    recipe.questioner_trainer.update = lambda samples: {}  # keep step 5's questioner at its starting weights
+    recipe.step(5)
+    assert all(torch.equal(a, b) for a, b in zip(recipe.questioner.model.parameters(), questioner))
+    # one update from alpha = 1: n_0 = 0.99 + 3 x 0.01, n_1 = 0.99 + 0.01, the others decayed once
+    assert recipe.coverage.counts.tolist() == pytest.approx([1.02, 1.0, 0.99, 0.99]) and recipe.coverage.updates == 1
+    _, code, _ = resolve("prism", preset="reference_code")
+    assert (code.questioner_init, code.count_reset) == ("previous_questioner", "iteration")
+    for preset in ("paper", "small"):
+        _, params, _ = resolve("prism", preset=preset)
+        assert (params.questioner_init, params.count_reset) == ("solver", "never")
+
+
+def test_unboxed_votes_make_the_example_question_rewarded_only_with_the_code_switch(random_model_dir, space_dir):
+    """Issue 35's example (6 unboxed, 2 x "5", 2 x "7" of 10): code, p = 0.6 sits in the ZPD band, zpd = 0.625 and
+    the first batch's rarity e^-1 give 0.625 (1 + 5/e); drop, p = 0.2: reward 0 and no count."""
+    unboxed = ["5", None, "7", None, None, "5", None, "7", None, None]
+    for votes, reward, counted in (("code", 0.625 * (1 + 5 * E), 1), ("drop", 0.0, 0)):
+        recipe, _ = make(random_model_dir, space_dir, f"params.missing_answer_votes={votes}")
+        recipe.solve_groups = lambda policy, prompts, n, seed, params=None: [([completion()] * n, list(unboxed))
+                                                                             for _ in prompts]
+        q = question("0+1", None)
+        recipe.label([q], 10, 0, "all")
+        recipe.questioner_rewards([q])
+        assert q.reward == pytest.approx(reward) and recipe.coverage.updates == counted, votes

@@ -1,13 +1,17 @@
 """Issue 26: dual clip, a fresh AdamW and the lr schedule per phase, Prism's pool denominator, PasoDoble's skip rule
-and its stop at ``max_updates`` (the preset values themselves: tests/test_presets.py)."""
+and its stop at ``max_updates``. Issue 35: a pool band of its own, the codes' votes for unboxed samples, Prism's lr
+schedules, the KL reference per phase, evaluation protocols in training (the preset values themselves:
+tests/test_presets.py; Prism's count reset: tests/test_prism.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
 
 import pytest
+import torch
 
 from coevolve.formats import Generation
 from coevolve.grading.vote import majority_vote
@@ -15,7 +19,7 @@ from coevolve.loop import run
 from coevolve.recipes import resolve
 from coevolve.recipes.r_zero import Question
 from coevolve.rl import trainer as trainer_module
-from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings, phase_lr_factor
+from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings, phase_lr_factor, update_settings
 from tests.test_r_zero import completion, make, stub_labels, stub_questions
 
 
@@ -206,3 +210,205 @@ def test_constrained_votes_keep_the_answer_format_at_their_own_budget(random_mod
     assert recipe.scoring_sampling.regex == recipe.solver_sampling.regex == solver_answer_regex(8)
     assert recipe.label_sampling.regex == solver_answer_regex(5) and recipe.label_sampling.max_new_tokens == 5
     assert recipe.pool_sampling.regex == recipe.question_sampling.regex and recipe.pool_sampling.top_p == 0.95
+
+
+# --- issue 35 ---------------------------------------------------------------------------------------------------
+
+
+def _answering(answers):
+    """A solve_groups stand-in: every question gets ``answers`` (None: no answer parsed)."""
+    return lambda policy, prompts, n, seed, params=None: [([completion()] * n, list(answers)) for _ in prompts]
+
+
+def test_a_pool_band_of_its_own_drops_seven_of_eight(random_model_dir):
+    """Prism's released solver script keeps pool questions with 0.49 <= p <= 0.81 of 8 labels (4, 5 or 6 agreeing)
+    while its reward band is [0.5, 0.9]: p = 7/8 enters the paper's pool and not the code's; p = 4/8 enters both."""
+    seven, four = ["5"] * 7 + ["7"], ["5"] * 4 + ["7", "8", "9", None]
+    for pool_band, kept in (([], (True, True)), (["params.pool_band=[0.49,0.81]"], (False, True))):
+        recipe, _ = make("r_zero", random_model_dir, "params.band=[0.5,0.9]", "params.filter_prove=false", *pool_band)
+        verdicts = []
+        for answers in (seven, four):
+            recipe.solve_groups = _answering(answers)
+            q = Question(completion(), "1+2", None)
+            recipe.label([q], 8, 0, "all")
+            verdicts.append(recipe.keep(q))
+        assert tuple(verdicts) == kept
+    assert resolve("prism", preset="reference_code")[1].pool_band == [0.49, 0.81]
+    for recipe_name, preset in (("prism", "paper"), ("prism", "small"), ("r_zero", "reference_code")):
+        assert resolve(recipe_name, preset=preset)[1].pool_band is None  # the band is the pool's
+
+
+# The issue's example: 10 scoring votes, 6 without a box, 2 x "5" and 2 x "7"
+UNBOXED = ["5", None, "7", None, None, "5", None, "7", None, None]
+
+
+def test_unboxed_votes_count_as_an_answer_only_with_the_code_switch(random_model_dir):
+    """code: the 6 unboxed samples vote "None" (mathruler's string in both codes), which wins: p = 0.6 and R-Zero's
+    code-form reward min(p, 1 - p) = 0.4, and the pool drops the question for its "None" label; drop: they never
+    vote, "5" wins with 2 of 10: p = 0.2, reward 0.2 (repetition penalty off)."""
+    for votes, label, p, reward in (("code", "None", 0.6, 0.4), ("drop", "5", 0.2, 0.2)):
+        recipe, _ = make("r_zero", random_model_dir, f"params.missing_answer_votes={votes}", "params.reward_form=code",
+                         "params.repetition_weight=0", "params.band=[0.1,0.9]")
+        recipe.solve_groups = _answering(UNBOXED)
+        q = Question(completion(), "1+2", None)
+        recipe.label([q], 10, 0, "all")
+        recipe.questioner_rewards([q])
+        assert (q.label, q.p, q.reward) == (label, pytest.approx(p), pytest.approx(reward))
+        assert recipe.keep(q) == (votes == "drop")  # p inside [0.1, 0.9] both ways; "None" is no label
+        assert q.answers == UNBOXED  # the rows keep what was parsed
+    for recipe_name, preset, votes in (("r_zero", "reference_code", "code"), ("r_zero", "prism_code", "code"),
+                                       ("prism", "reference_code", "code"), ("r_zero", "paper", "drop"),
+                                       ("prism", "paper", "drop"), ("r_zero", "small", "drop")):
+        assert resolve(recipe_name, preset=preset)[1].missing_answer_votes == votes, (recipe_name, preset)
+
+
+def test_a_question_without_a_box_is_valid_only_with_the_code_switch(random_model_dir):
+    for votes, valid in (("drop", None), ("code", "What is 2+3?")):
+        recipe, _ = make("r_zero", random_model_dir, "task=math", f"params.missing_answer_votes={votes}")
+        q = recipe.read_question(completion("<question> What is 2+3? </question>"))
+        assert (q.text, q.own_answer) == (valid, None), votes
+        q = recipe.read_question(completion("<question>What is 2+3?</question>\n\n\\boxed{5}"))
+        assert (q.text, q.own_answer) == ("What is 2+3?", "5"), votes
+        assert recipe.read_question(completion("<question> </question> \\boxed{5}")).text is None
+    recipe, _ = make("r_zero", random_model_dir, "params.missing_answer_votes=code")  # arith: no box in the format
+    assert recipe.read_question(completion("Q:1+2")).text == "1+2"
+
+
+def _lr_factors(recipe: str, preset: str) -> dict[str, list[float]]:
+    config, params, _ = resolve(recipe, preset=preset)
+    return {role: [phase_lr_factor(settings, i, total) for i in range(total)]
+            for role, total in (("questioner", params.questioner_steps), ("solver", params.solver_steps))
+            for settings in [update_settings(config.train, config.roles.get(role))]}
+
+
+def test_prism_derived_presets_warm_up_and_decay_both_roles():
+    """Prism's config (both roles' jobs): 10% linear warm-up, then cosine to 10% of the peak over the job's steps.
+    6 questioner steps: int(0.6) = 0 warm-up steps, factors 0.55 + 0.45 cos(pi i / 6), mean 3.75 / 6 = 0.625;
+    50 solver steps: 5 warm-up steps 0, 0.2, ..., 0.8, the peak at step 5. R-Zero's own config: constant."""
+    questioner = [1.0, 0.55 + 0.45 * math.cos(math.pi / 6), 0.775, 0.55, 0.325, 0.55 - 0.45 * math.cos(math.pi / 6)]
+    for recipe, preset in (("prism", "reference_code"), ("r_zero", "prism_code")):
+        factors = _lr_factors(recipe, preset)
+        assert factors["questioner"] == pytest.approx(questioner)
+        assert statistics.fmean(factors["questioner"]) == pytest.approx(0.625)
+        assert factors["solver"][:6] == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+        assert factors["solver"][-1] == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 44 / 45)))
+    for recipe in ("prism", "r_zero"):  # the paper presets' 20 solver steps: 2 warm-up steps
+        factors = _lr_factors(recipe, "paper")
+        assert factors["questioner"] == pytest.approx(questioner) and factors["solver"][:3] == [0.0, 0.5, 1.0]
+    assert _lr_factors("r_zero", "reference_code") == {"questioner": [1.0] * 5, "solver": [1.0] * 15}
+    for recipe in ("prism", "r_zero"):  # small keeps its constant lr (docs/recipes/r_zero.md)
+        assert set(sum(_lr_factors(recipe, "small").values(), [])) == {1.0}
+
+
+def _phase_trainer(policy, reference: str) -> PolicyTrainer:
+    return PolicyTrainer(policy.model, policy.tokenizer, UpdateSettings(lr=1e-2, kl_beta=0.1, kl_reference=reference))
+
+
+def _weights(module) -> list:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_a_phase_start_reference_moves_at_each_phase_start_into_the_same_tensors(random_policy):
+    """phase_start: the reference takes the weights at index 0 of a phase, not within it, copied into the one frozen
+    copy the trainer already holds (same module, same storage: no second copy); initial: it never moves."""
+    trainer = _phase_trainer(random_policy, "phase_start")
+    reference, start = trainer.reference, _weights(trainer.model)
+    storage = [p.data_ptr() for p in reference.parameters()]
+    trainer.phase_step(0, 3)
+    trainer.update(_samples(1.0))
+    trainer.phase_step(1, 3)  # within the phase
+    trainer.update(_samples(1.0))
+    moved = _weights(trainer.model)
+    assert _same(reference.parameters(), start) and not _same(moved, start)
+    trainer.phase_step(0, 3)  # the next phase starts: the reference is the weights now
+    assert trainer.reference is reference and [p.data_ptr() for p in reference.parameters()] == storage
+    assert _same(reference.parameters(), moved)
+    assert trainer.update(_samples(1.0))["kl_mean"] == pytest.approx(0.0, abs=1e-7)  # policy = reference
+    assert _same(reference.parameters(), moved) and not _same(trainer.model.parameters(), moved)  # a copy, not a view
+    assert trainer.checkpointed_reference is reference
+
+    initial = PolicyTrainer(random_policy.model, random_policy.tokenizer, UpdateSettings(lr=1e-2, kl_beta=0.1))
+    start = _weights(initial.model)
+    initial.update(_samples(1.0))
+    initial.phase_step(0, 3)
+    assert _same(initial.reference.parameters(), start) and initial.checkpointed_reference is None
+
+
+def _kl_run(model_dir, reference, steps, *sets):
+    """r_zero on canned questions and labels (p = 1/2: the whole pool kept) whose solver rollouts agree with the label
+    in turn (rewards 1, 0, 1, 0, ...: every update moves the solver), a strong KL term to ``reference``."""
+    recipe, config = make("r_zero", model_dir, f"steps={steps}", "train.lr=1e-2", "train.kl_beta=0.5",
+                          f"train.kl_reference={reference}", "params.pool_size=4", "params.repetition_weight=0", *sets)
+    stub_questions(recipe, ["1+2", "2+2", "3+3", "4+4"])
+    stub_labels(recipe, [["1", "1", "2", "3"]] * 100)
+    turns = itertools.cycle([1.0, 0.0])
+    recipe.solver_terms = lambda completion, answer, label: {"agree": next(turns), "format": 0.0}
+    return recipe, config
+
+
+def _rows(root) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows if "time/step_s" in r}
+
+
+def test_r_zero_phases_take_their_start_as_the_kl_reference_and_a_resume_restores_it(tmp_path, random_model_dir):
+    """Steps 3-4 and 7-8 are the solver's phases. With phase_start the KL term of step 7, the new phase's first
+    update, is 0 (the reference is the solver as it starts the phase); with initial it is not (the reference is
+    M_0). Resumed after step 7, step 8 trains against the saved phase-start reference as the straight run did."""
+    for reference in ("initial", "phase_start"):
+        recipe, config = _kl_run(random_model_dir, reference, 8)
+        run(recipe, config, tmp_path / reference, progress=False)
+        rows = _rows(tmp_path / reference)
+        assert rows[3]["solver/kl_mean"] == pytest.approx(0.0, abs=1e-7)  # the first phase starts at M_0 either way
+        assert (rows[7]["solver/kl_mean"] < 1e-7) == (reference == "phase_start")
+        assert rows[8]["solver/kl_mean"] > 1e-7
+    straight = recipe
+    first, config = _kl_run(random_model_dir, "phase_start", 7)
+    run(first, config, tmp_path / "resumed", progress=False)
+    saved = sorted(p.name for p in (tmp_path / "resumed" / "checkpoints" / "step_000007").glob("*_reference.*"))
+    assert saved == ["questioner_reference.safetensors", "solver_reference.safetensors"]
+    second, config = _kl_run(random_model_dir, "phase_start", 8)
+    run(second, config, tmp_path / "resumed", resume=True, progress=False)
+    assert _rows(tmp_path / "resumed")[8]["solver/kl_mean"] == _rows(tmp_path / "phase_start")[8]["solver/kl_mean"]
+    for role, trainer in straight.trainers().items():
+        assert _same(trainer.model.parameters(), second.trainers()[role].model.parameters()), role
+        assert _same(trainer.reference.parameters(), second.trainers()[role].reference.parameters()), role
+
+
+def test_a_phase_start_reference_needs_phases_and_full_weights():
+    from coevolve.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.kl_reference.*no phases"):
+        resolve("grpo", preset="small", sets=["train.kl_reference=phase_start"])
+    with pytest.raises(ConfigError, match="train.kl_reference.*train.lora"):
+        resolve("r_zero", preset="small", sets=["train.kl_reference=phase_start", "train.lora.r=4"])
+    for recipe_name, preset in (("r_zero", "reference_code"), ("r_zero", "paper"), ("prism", "reference_code")):
+        assert resolve(recipe_name, preset=preset)[0].train.kl_reference == "phase_start"
+
+
+def test_in_training_evaluation_follows_the_run_s_eval_preset(tmp_path, random_model_dir):
+    """eval_preset ttrl: 16 samples per question at temperature 0.6, top-p 0.95 (TTRL's validation), accuracy the
+    mean over all of them (avg@16), within the run's eval_max_new_tokens; the default stays greedy, one sample."""
+    from coevolve.config import ConfigError
+    from coevolve.loop import evaluate_solver
+    from coevolve.store import RunStore
+
+    for preset, n, temperature, top_p in (("greedy", 1, 0.0, 1.0), ("ttrl", 16, 0.6, 0.95)):
+        sets = ["eval_sets=[arith_l1]", "eval_limit=2", "eval_max_new_tokens=4"]
+        recipe, config = make("r_zero", random_model_dir, *sets, *([f"eval_preset={preset}"] * (preset != "greedy")))
+        store = RunStore(tmp_path / preset)
+        row = evaluate_solver(recipe, config, store, 0)
+        summary = json.loads((store.eval_dir / "step_000000" / "arith_l1" / "summary.json").read_text())
+        assert (summary["preset"], summary["n_samples"]) == (preset, n)
+        assert (summary["sampling"]["temperature"], summary["sampling"]["top_p"]) == (temperature, top_p)
+        assert summary["sampling"]["max_new_tokens"] == 4
+        records = [json.loads(line) for line in
+                   (store.eval_dir / "step_000000" / "arith_l1" / "results.jsonl").read_text().splitlines()]
+        flags = [ok for r in records for ok in r["correct"]]
+        assert len(flags) == 2 * n and row["eval/arith_l1/accuracy"] == pytest.approx(statistics.fmean(flags))
+    with pytest.raises(ConfigError, match="eval_preset.*unknown evaluation preset 'nope'"):
+        resolve("r_zero", preset="small", sets=["eval_preset=nope"])

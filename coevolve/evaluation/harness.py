@@ -58,6 +58,13 @@ EVAL_PRESETS: dict[str, EvalPreset] = {
     "infuser": EvalPreset(0.7, 0.8, 20, 8192, 4,
                           "INFUSER App. F.3: temperature 0.7, top-p 0.8, top-k 20, response 8192; "
                           "avg@4 on MATH500 (1 on most sets, 32 on AIME/HMMT)"),
+    "ttrl": EvalPreset(0.6, 0.95, 0, 3072, 16,
+                       "TTRL (arXiv:2504.16084) code, every verl/examples/ttrl script: validation sampling "
+                       "(val_kwargs) n = 16, temperature 0.6, top-p 0.95, no top-k; response 3 x 1024: avg@16"),
+    "r_zero": EvalPreset(0.0, 1.0, 0, 4096, 1,
+                         "R-Zero (arXiv:2508.05004) code, evaluation/generate.py: greedy (temperature 0), "
+                         "4096 new tokens, one sample per question on its seven math sets (its GPT-4o re-check "
+                         "of wrong answers is not reproduced)"),
 }
 
 

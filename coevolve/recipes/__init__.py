@@ -22,6 +22,7 @@ from coevolve.config import (
     to_yaml,
     validate,
 )
+from coevolve.evaluation.harness import EVAL_PRESETS
 from coevolve.formats import GeneratorFormat
 from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
 from coevolve.recipes.generator import GeneratorRecipe
@@ -48,6 +49,9 @@ def _finish(raw: dict[str, Any], recipe_name: str) -> tuple[RunConfig, RecipePar
     cls = RECIPES[recipe_name]
     moved = {f"{role}_{key}": f"roles.{role}.{key}" for role in cls.roles for key in RoleSettings.model_fields}
     config, params = validate(raw, cls.Params, renamed={**moved, **cls.Params.renamed})
+    if config.eval_preset not in EVAL_PRESETS:
+        raise ConfigError(f"config key 'eval_preset': unknown evaluation preset {config.eval_preset!r} (known: "
+                          f"{', '.join(EVAL_PRESETS)})")
     if config.eval_sets is None:
         config.eval_sets = default_eval_sets(config.task)
     cls.check_settings(config, params)

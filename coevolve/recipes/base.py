@@ -142,6 +142,14 @@ class Recipe:
         if unknown:
             raise ConfigError(f"config key 'roles.{unknown[0]}': {cls.name} has no role {unknown[0]!r} (its roles: "
                               f"{', '.join(cls.roles)})")
+        if config.train.kl_reference == "phase_start":
+            if not cls.phased:
+                raise ConfigError(f"config key 'train.kl_reference': {cls.name} has no phases; only recipes with "
+                                  f"phases ({recipes_where('phased')}) move the KL reference at a phase start")
+            if config.train.lora is not None:
+                raise ConfigError("config key 'train.kl_reference': phase_start needs a full copy of the weights as "
+                                  "the reference; with train.lora the reference is the base model, which no phase "
+                                  "moves")
         if not cls.phased:
             for where, settings in (("train", config.train), *((f"roles.{r}", s) for r, s in config.roles.items())):
                 for key, plain in (("lr_schedule", "constant"), ("optimizer_reset", "never")):

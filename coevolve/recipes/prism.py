@@ -4,8 +4,10 @@ Paper: "Preventing Curriculum Collapse in Self-Evolving Reasoning Systems" (Mish
 Algorithm 1). Offline, once per reference corpus: embed its questions, K-Means with K clusters, save
 the L2-normalised centroids mu_k (reused by every later run). Then n_k <- alpha and, for each iteration t:
 
-    4.     Q_t <- S_{t-1}, with a fresh optimizer (``questioner_init: previous_questioner`` is the ablation)
-    5-6.   n carried over from the end of iteration t-1 (never reset; saved with every checkpoint)
+    4.     Q_t <- S_{t-1}, with a fresh optimizer (``questioner_init: previous_questioner`` is the ablation and the
+           released loop's choice)
+    5-6.   n carried over from the end of iteration t-1 (saved with every checkpoint; ``count_reset: iteration``
+           resets it to alpha, as each questioner job of the released code starts afresh)
     8.     for each of the ``questioner_steps`` GRPO steps:
     9.       B_Q x G_Q questions from Q_t
     10.      p(q) from m_s samples of the frozen S_{t-1} (agreement with their majority answer)
@@ -14,7 +16,8 @@ the L2-normalised centroids mu_k (reused by every later run). Then n_k <- alpha 
     14.      r(q) = zpd(p) (1 + lambda d) inside [0.5, 0.9], 0 outside, -1 for a bad format
     16.      GRPO update of Q_t
     17.      n_k <- gamma n_k once, then + (1 - gamma) per assigned question
-    20.    pool of N_pool questions from Q_t labelled by S_{t-1}, filtered to p in [0.5, 0.9]
+    20.    pool of N_pool questions from Q_t labelled by S_{t-1}, filtered to p in [0.5, 0.9] (``pool_band``; the
+           released script's [0.49, 0.81] in ``reference_code``)
     21.    S_t from S_{t-1} by GRPO on the pool with majority-vote rewards (R-Zero's solver phase, unchanged)
 
 Everything but lines 4 and 11-17 is :mod:`coevolve.recipes.r_zero`. The pool's questions are assigned too (logged as
@@ -56,7 +59,7 @@ class PrismParams(RZeroParams):
     """R-Zero's schedule with Prism's band and initialisation, plus the coverage reward's settings."""
 
     band: list[float] = Field([0.5, 0.9], min_length=2, max_length=2,
-                              description="the ZPD band and the pool band")
+                              description="the ZPD band (and the pool band unless pool_band is set)")
     questioner_init: Literal["previous_questioner", "solver"] = Field("solver", description="Q_t from S_{t-1}")
     lam: float = Field(5.0, ge=0, description="lambda, weight of the rarity bonus (0: no rarity bonus)")
     gamma: float = Field(0.99, gt=0, lt=1, description="EMA decay of the visit counts")
@@ -70,6 +73,9 @@ class PrismParams(RZeroParams):
     solvable: float = Field(0.5, ge=0, le=1, description="majority-vote threshold for cluster assignment")
     count_scope: Literal["solvable", "in_band", "all_valid"] = Field(
         "solvable", description="which questions are assigned and counted: p >= solvable, p in band, or all valid")
+    count_reset: Literal["never", "iteration"] = Field(
+        "never", description="n carried over from iteration to iteration (the paper) or reset to alpha at each "
+        "iteration's questioner phase (the released code: each questioner job starts with fresh counts)")
 
 
 @register
@@ -84,7 +90,10 @@ class Prism(RZero):
         "paper": {**PAPER_SCALE, "params": {**PAPER_PARAMS, "advantage": "dr_grpo", "k": 128,
                                              "reference_corpus": "math_minus_math500"}},
         "reference_code": {**PRISM_CODE, "params": {**PRISM_CODE_PARAMS, "k": 128,
-                                                     "reference_corpus": "math_minus_math500_gsm8k_train"}},
+                                                    "reference_corpus": "math_minus_math500_gsm8k_train",
+                                                    "pool_band": [0.49, 0.81],
+                                                    "questioner_init": "previous_questioner",
+                                                    "count_reset": "iteration"}},
     }
 
     def __init__(self, config, params: PrismParams):
@@ -107,6 +116,13 @@ class Prism(RZero):
         for q, c in zip(questions, ids):
             q.cluster = int(c)
         return ids
+
+    def init_questioner(self) -> None:
+        """Lines 4-6 at the start of iteration t > 1: Q_t's weights (:meth:`RZero.init_questioner`), and n <- alpha
+        with ``count_reset: iteration``."""
+        super().init_questioner()
+        if self.params.count_reset == "iteration":
+            self.coverage = CoverageCounts(self.space.k, self.params.gamma, self.params.alpha)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "coverage": self.coverage.state_dict()}

@@ -6,13 +6,15 @@ Self-Evolving Reasoning Systems, arXiv:2603.13309, §3 and §5.2). Q_0 = S_0 = M
 Questioner phase (``questioner_steps`` = 6 GRPO steps), the Solver frozen at S_{t-1}:
     1. Q_t <- Q_{t-1} (``questioner_init: solver`` is the SolverInit ablation, Q_t <- S_{t-1});
     2. B_Q copies of the questioner prompt, G_Q = 4 outputs each; q = the question of each output;
-    3. p(q) = share of m_s = 10 solver samples that agree with their majority answer;
+    3. p(q) = share of m_s = 10 solver samples that agree with their majority answer (an unanswered sample never
+       votes; ``missing_answer_votes: code`` lets it vote "None", as both codes do);
     4. r = max(0, r_unc(p) - r_rep) with r_unc = 1 - 2|p - 1/2| and r_rep the BLEU-cluster share of the batch
        (0 for a bad format; the code's form: min(p, 1-p) - r_rep, -1 - r_rep for a bad format);
     5. group-relative advantages over the G_Q outputs of a prompt copy; one GRPO update of Q_t.
 Pool (at the start of the Solver phase):
     6. N_pool questions from Q_t, labelled by the majority answer of m_l = 8 samples of S_{t-1};
-    7. keep those with p in the band ([0.25, 0.75] paper, [0.3, 0.8] code) and no pool-filter reason.
+    7. keep those with p in the pool band (``band`` unless ``pool_band`` is set: [0.25, 0.75] paper, [0.3, 0.8]
+       code) and no pool-filter reason.
 Solver phase (``solver_steps`` = 20 GRPO steps): S_t <- S_{t-1}; each step draws questions from the pool (in a
     shuffled order per iteration), G_S = 8 rollouts each, reward 1 if the answer agrees with the majority label
     (plus ``solver_format_weight`` times the ``<think>..</think>..\boxed{}`` format, the code's 0.1), one update.
@@ -81,50 +83,58 @@ CHAT_FORMAT = GeneratorFormat(
     description="<question>\\n{the problem}\\n</question>\\n\\n\\boxed{final answer}",
     regex=r"<question>\n" + LINE + r"\n</question>\n\n\\boxed\{" + ANSWER + r"\}",
     render=lambda e: f"<question>\n{one_line(e.question)}\n</question>\n\n\\boxed{{{e.answer}}}")
+MISSING_ANSWER = "None"  # what mathruler's extract_boxed_content returns for a sample without a box (both codes)
 BLEU_TOKENS = {"chat": "none", "arith": "char"}  # the repetition penalty's BLEU tokens per world: words, characters
 
-# The optimizer of both codes (R-Zero's EasyR1 and Prism's verl actor configs), which the paper leaves open: clip
-# 0.2/0.3 with dual clip c = 3, AdamW with weight decay 0.01, started afresh by each phase's training job; a role on
-# the cosine schedule (Prism's solver) decays to 10% of the peak over a phase.
+# The optimizer of both codes (R-Zero's EasyR1 and Prism's verl actor configs), which the papers leave open: clip
+# 0.2/0.3 with dual clip c = 3, AdamW with weight decay 0.01; each phase is a new training job, so its AdamW starts
+# afresh and its KL reference is the job's starting weights.
 CODE_OPTIMIZER = {"clip_low": 0.2, "clip_high": 0.3, "dual_clip": 3.0, "weight_decay": 0.01,
-                   "optimizer_reset": "phase", "lr_min_ratio": 0.1}
+                  "optimizer_reset": "phase", "kl_reference": "phase_start"}
 # ``small``: the same optimizer at tiny-arith scale (one full-batch AdamW step per update, so the ratio is 1 and the
-# clip ranges are inert) with a constant lr (docs/recipes/r_zero.md).
-SMALL_TRAIN = {k: v for k, v in CODE_OPTIMIZER.items() if k != "lr_min_ratio"}
+# clip ranges are inert; no KL term, so no reference) with a constant lr (docs/recipes/r_zero.md).
+SMALL_TRAIN = dict(CODE_OPTIMIZER)
+# Prism's scripts (its examples/config.yaml, loaded by every questioner and solver job): verl's cosine schedule over
+# each job's steps, a linear warm-up over the first 10% of them (5 of 50 solver steps; none of 6 questioner steps),
+# then a half cosine towards 10% of the peak. R-Zero's own config keeps the lr constant (no warm-up).
+PRISM_LR = {"lr_warmup_ratio": 0.1, "lr_min_ratio": 0.1}
 # The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU). Sampling as in both codes:
 # training rollouts of either role at top_p 0.99 and up to 4,096 tokens, the solver's scoring and labelling votes at
 # top_k 40 (rollout.scoring), the questioner's pool at top_p 0.95 (params.pool_top_p).
 # Prism's scripts (verl; issue 11): per questioner step 512 prompts x 4 outputs in mini-batches of 16
-# prompts, per solver step 512 questions x 8 rollouts in mini-batches of 128 questions, 2 PPO epochs each.
-PRISM_ROLES = {"questioner": {"mini_batch_size": 16 * 4, "epochs": 2},
-                "solver": {"mini_batch_size": 128 * 8, "epochs": 2, "lr_schedule": "cosine"}}
+# prompts, per solver step 512 questions x 8 rollouts in mini-batches of 128 questions, 2 PPO epochs each; both roles
+# on the cosine schedule (PRISM_LR).
+PRISM_ROLES = {"questioner": {"mini_batch_size": 16 * 4, "epochs": 2, "lr_schedule": "cosine"},
+               "solver": {"mini_batch_size": 128 * 8, "epochs": 2, "lr_schedule": "cosine"}}
 PAPER_SCALE = {
     "model": "smollm2-135m", "task": "math", "steps": 104, "eval_every": 26, "roles": PRISM_ROLES,
     "rollout": {"temperature": 1.0, "top_p": 0.99, "top_k": 0, "max_new_tokens": 4096,
                 "scoring": {"top_p": 1.0, "top_k": 40}},
-    "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4, **CODE_OPTIMIZER},
+    "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4, **CODE_OPTIMIZER, **PRISM_LR},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 1024,
 }
 PAPER_PARAMS = {"questioner_prompts": 512, "questioner_group": 4, "score_samples": 10, "pool_size": 8000,
-                 "label_samples": 8, "solver_questions": 512, "solver_group": 8, "question_max_tokens": 4096,
-                 "pool_top_p": 0.95, "label_max_tokens": 2048}
-# Prism's released code where it differs from its paper (both recipes).
+                "label_samples": 8, "solver_questions": 512, "solver_group": 8, "question_max_tokens": 4096,
+                "pool_top_p": 0.95, "label_max_tokens": 2048}
+# Prism's released code where it differs from its paper (both recipes); an unboxed solver sample votes as
+# mathruler's "None" (params.missing_answer_votes: code).
 PRISM_CODE = {
     **PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
     "train": {**PAPER_SCALE["train"], "lr": 1e-6},
 }
 PRISM_CODE_PARAMS = {**PAPER_PARAMS, "solver_steps": 50, "pool_p_denominator": "all",
-                      "solver_format_weight": 0.1, "filter_prove": False}
+                     "solver_format_weight": 0.1, "filter_prove": False, "missing_answer_votes": "code"}
 # R-Zero's own repository (EasyR1 config and scripts): 5 iterations, questioner 512 prompts x 4 in mini-batches of
-# 16 prompts, solver 512 questions x 5 in mini-batches of 128 questions, 1 PPO epoch, KL (low_var_kl) 1e-2.
+# 16 prompts, solver 512 questions x 5 in mini-batches of 128 questions, 1 PPO epoch, KL (low_var_kl) 1e-2 to each
+# job's starting weights, a constant lr.
 RZERO_CODE = {
     **PAPER_SCALE, "steps": 5 * (5 + 15), "eval_every": 20,
-    "train": {**PAPER_SCALE["train"], "lr": 1e-6, "kl_beta": 1e-2},
+    "train": {**{k: v for k, v in PAPER_SCALE["train"].items() if k not in PRISM_LR}, "lr": 1e-6, "kl_beta": 1e-2},
     "params": {"questioner_steps": 5, "solver_steps": 15, "questioner_prompts": 512, "questioner_group": 4,
                "score_samples": 10, "pool_size": 8000, "label_samples": 9, "band": [0.3, 0.8],
                "pool_p_denominator": "all", "solver_questions": 512, "solver_group": 5, "reward_form": "code",
                "solver_format_weight": 0.1, "advantage": "grpo", "filter_prove": False, "question_max_tokens": 4096,
-               "pool_top_p": 0.95},
+               "pool_top_p": 0.95, "missing_answer_votes": "code"},
     "roles": {"questioner": {"mini_batch_size": 16 * 4, "epochs": 1}, "solver": {"mini_batch_size": 128 * 5,
                                                                                  "epochs": 1}},
 }
@@ -142,7 +152,13 @@ class RZeroParams(GeneratorParams):
     label_samples: int = Field(8, gt=0, description="m_l, solver samples for each pool question's label")
     band: list[float] = Field([0.25, 0.75], min_length=2, max_length=2,
                               description="keep pool questions with band[0] <= p <= band[1]")
+    pool_band: list[float] | None = Field(None, min_length=2, max_length=2,
+                                          description="the pool's band where it differs from band (unset: band)")
     pool_p_denominator: Literal["all", "answered"] = Field("all", description="pool p over m_l or over answers")
+    missing_answer_votes: Literal["drop", "code"] = Field(
+        "drop", description="a solver sample without an answer: drop, it never votes (counted in p's denominator); "
+        "code, it votes as the answer \"None\" (mathruler's string in both codes), which can win, and a chat "
+        "questioner output needs only its <question> block")
     solver_questions: int = Field(16, gt=0, description="pool questions per solver step")
     solver_group: int = Field(8, gt=1, description="G_S, rollouts per question")
     solver_format_weight: float = Field(0.0, ge=0, le=1, description="r = (1-w) agree + w format (code: 0.1)")
@@ -164,8 +180,9 @@ class RZeroParams(GeneratorParams):
 
     @model_validator(mode="after")
     def _check(self) -> RZeroParams:
-        if not 0.0 <= self.band[0] <= self.band[1] <= 1.0:
-            raise ValueError(f"band {self.band} must satisfy 0 <= low <= high <= 1")
+        for name, band in (("band", self.band), ("pool_band", self.pool_band)):
+            if band is not None and not 0.0 <= band[0] <= band[1] <= 1.0:
+                raise ValueError(f"{name} {band} must satisfy 0 <= low <= high <= 1")
         if self.questioner_steps + self.solver_steps == 0:
             raise ValueError("an iteration needs at least one step")
         return self
@@ -203,13 +220,14 @@ class PoolItem:
 
 
 @parses_model_text(invalid=(None, None))
-def parse_questioner_output(text: str) -> tuple[str | None, str | None]:
+def parse_questioner_output(text: str, require_answer: bool = True) -> tuple[str | None, str | None]:
     """(q, the questioner's answer) from the last ``<question>`` block and the last ``\\boxed{}``; q is None unless both
-    are there (as R-Zero's code reads them)."""
+    are there (as the prompt asks), or, with ``require_answer`` false, unless the block is (as both codes read it:
+    mathruler's "None" for a missing box passes their check)."""
     blocks = list(tag_blocks(text, "question"))
     question = text[blocks[-1][1]:blocks[-1][2]].strip() if blocks else None
     answer = extract_boxed(text)
-    return (question if question and answer else None), answer
+    return (question if question and (answer or not require_answer) else None), answer
 
 
 ARITH_FORMAT = arith_format()
@@ -258,6 +276,7 @@ class RZero(GeneratorRecipe):
         self.label_sampling = self.solver_budget(scoring, params.label_max_tokens or scoring.max_new_tokens)
         self.vote_equivalence = self.task.vote_equivalence  # integers: the vote's exact fast path
         self.bleu_tokens = params.bleu_tokens or BLEU_TOKENS[self.world]
+        self.pool_band = params.pool_band or params.band
         self.period = params.questioner_steps + params.solver_steps
         self.pool: list[PoolItem] = []
         self.pool_iteration = 0  # the iteration whose pool ``self.pool`` is
@@ -384,8 +403,8 @@ class RZero(GeneratorRecipe):
         return candidates
 
     def keep(self, q: Question) -> bool:
-        """Pool filter: a valid question with a label, p inside the band and no R-Zero filter reason."""
-        return (q.text is not None and q.p is not None and in_band(q.p, *self.params.band)
+        """Pool filter: a valid question with a label, p inside the pool band and no R-Zero filter reason."""
+        return (q.text is not None and q.p is not None and in_band(q.p, *self.pool_band)
                 and not pool_filter_reasons(q.text, q.label, english_proofs=self.params.filter_prove))
 
     def describe_pool(self, candidates: list[Question]) -> None:
@@ -407,8 +426,12 @@ class RZero(GeneratorRecipe):
 
     # --- shared pieces ----------------------------------------------------------------------------
     def read_question(self, output: Completion) -> Question:
-        """q and the questioner's own answer, read in the world's format (``formats``)."""
-        generation = self.read_generation(output)
+        """q and the questioner's own answer, read in the world's format (``formats``); with ``missing_answer_votes:
+        code`` a chat output without a box is valid too (both codes take mathruler's "None" for its answer)."""
+        if self.params.missing_answer_votes == "code" and self.world == "chat":
+            generation = Generation(*parse_questioner_output(output.text, require_answer=False))
+        else:
+            generation = self.read_generation(output)
         return Question(output, generation.question, generation.answer)
 
     def solver_prompt(self, question: str) -> str:
@@ -424,7 +447,9 @@ class RZero(GeneratorRecipe):
         for q, (group, answers) in zip(valid, solved):
             q.answers = answers
             q.solver_tokens = sum(len(c.token_ids) for c in group)
-            q.vote = majority_vote(q.answers, self.vote_equivalence)
+            votes = answers if self.params.missing_answer_votes == "drop" else [
+                MISSING_ANSWER if a is None else a for a in answers]
+            q.vote = majority_vote(votes, self.vote_equivalence)
             q.p = q.vote.p if denominator == "all" else (q.vote.support / q.vote.n_valid if q.vote.n_valid else 0.0)
 
     # --- records and metrics ----------------------------------------------------------------------

@@ -55,25 +55,29 @@ from coevolve.rl.advantages import compute_advantages
 from coevolve.rollout import Completion
 from coevolve.tasks.registry import Problem, Task, TaskDataError, get_task
 
-# The paper's MATH-500 run (its §4 settings): Qwen2.5-Math on the 500 test questions, 10 episodes of 32 questions a
-# step, 64 votes and 32 trained samples, AdamW at lr 5e-7 on a cosine schedule, 3072 new tokens, no KL term; on the
-# one offline chat model.
+# The paper's MATH-500 run (its §4 settings): 10 episodes of the 500 test questions, 32 questions a step, 64 votes and
+# 32 trained samples, AdamW at lr 5e-7 on a cosine schedule, 3072 new tokens; on the one offline chat model. What the
+# stored paper text did not give comes from the released scripts (verl/examples/ttrl/*, every one alike): the actor's
+# KL loss on (verl's kl_loss_coef 0.001, low_var_kl), training top_p 1 (verl's default; 0.95 is the validation
+# setting), and verl's actor defaults: dual clip c = 3, AdamW weight decay 0.01. The scripts sample Qwen2.5-Math at
+# temperature 1.0 and Qwen2.5 / LLaMA-3.1-Instruct at 0.6; SmolLM2, a general chat model, takes 0.6 (for a
+# Qwen2.5-Math model set rollout.temperature=1.0). docs/recipes/ttrl.md: each value's source.
+_CODE_ACTOR = {"kl_beta": 1e-3, "dual_clip": 3.0, "weight_decay": 0.01}
 _PAPER = {
     "model": "smollm2-135m", "task": "math", "steps": 10 * 16, "eval_every": 16,
-    "rollout": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 3072},
-    "train": {"lr": 5e-7, "lr_schedule": "cosine", "kl_beta": 0.0, "micro_batch_size": 2, "mini_batch_size": 32,
-              "epochs": 1},
+    "rollout": {"temperature": 0.6, "top_p": 1.0, "max_new_tokens": 3072},
+    "train": {"lr": 5e-7, "lr_schedule": "cosine", "micro_batch_size": 2, "mini_batch_size": 32, "epochs": 1,
+              **_CODE_ACTOR},
     "params": {"pool_source": "math500", "pool_size": 500, "questions_per_step": 32, "vote_samples": 64,
                "train_samples": 32, "subset": "first"},
     "eval_sets": ["math500"], "eval_limit": None, "eval_max_new_tokens": 3072,
 }
-# The released code's MATH-500 script (verl): rollout temperature 1.0, verl's KL loss (low_var_kl, coefficient 0.001)
-# and a 3% lr warm-up where the paper states 0.6, no KL and a plain cosine; one AdamW step per prompt
-# (ppo_mini_batch_size 1 = 32 sequences), as in the paper preset.
+# The released code where it differs: a 3% lr warm-up, and verl's token-mean loss (every token of a mini-batch weighs
+# alike, where GRPO's objective averages each sequence first); one AdamW step per prompt (ppo_mini_batch_size 1 =
+# 32 sequences), as in the paper preset.
 _REFERENCE_CODE = {
     **_PAPER,
-    "rollout": {**_PAPER["rollout"], "temperature": 1.0, "top_p": 1.0},
-    "train": {**_PAPER["train"], "kl_beta": 1e-3, "lr_warmup_ratio": 0.03},
+    "train": {**_PAPER["train"], "lr_warmup_ratio": 0.03, "loss_agg": "token_mean"},
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from coevolve import distributed
-from coevolve.config import LossAgg, LrSchedule, OptimizerReset, RoleSettings, TrainConfig
+from coevolve.config import KlReference, LossAgg, LrSchedule, OptimizerReset, RoleSettings, TrainConfig
 from coevolve.memory import ModelShape, free_device_memory, plan_pass_tokens
 from coevolve.rl import logprob_head
 from coevolve.rl.compiled_layers import compile_decoder_layers
@@ -56,6 +56,7 @@ class UpdateSettings:
     dual_clip: float | None = None  # dual-clip PPO's c (verl's clip_ratio_c); None: off
     tis_cap: float | None = None
     kl_beta: float = 0.0
+    kl_reference: KlReference = "initial"  # phase_start: the KL reference moves to the weights at each phase start
     loss_agg: LossAgg = "seq_mean"  # seq_mean (GRPO) | token_sum_norm (Dr.GRPO) | token_mean (DAPO)
     norm_constant: int | None = None  # Dr.GRPO's C; defaults to max_new_tokens
     temperature: float = 1.0  # sampling temperature: log-probs are taken under logits / temperature
@@ -319,13 +320,30 @@ class PolicyTrainer:
 
     def phase_step(self, index: int, total: int) -> None:
         """Call before each step of a phase of ``total`` steps (``index`` 0-based): at its first step a fresh AdamW
-        when ``optimizer_reset`` is ``phase``; at every step the lr of ``lr_schedule``. Both depend only on
-        (index, total), so a resumed run gets what it would have had."""
+        when ``optimizer_reset`` is ``phase`` and the KL reference set to the current weights when ``kl_reference``
+        is ``phase_start``; at every step the lr of ``lr_schedule``. The lr and the reset depend only on
+        (index, total), so a resumed run gets what it would have had; the moved reference is checkpointed
+        (:attr:`checkpointed_reference`)."""
         if index == 0 and self.settings.optimizer_reset == "phase":
             self.optimizer.state.clear()
+        if index == 0 and self.settings.kl_reference == "phase_start" and self.reference is not None:
+            self._copy_weights_into(self.reference)
         lr = self.settings.lr * phase_lr_factor(self.settings, index, total)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+
+    @torch.no_grad()
+    def _copy_weights_into(self, reference: torch.nn.Module) -> None:
+        """The reference takes the current weights, copied into its own tensors (no second copy is allocated; with
+        FSDP each rank copies its shards, which the two models split alike)."""
+        for frozen, live in zip(reference.parameters(), self.model.parameters(), strict=True):
+            frozen.copy_(live)
+
+    @property
+    def checkpointed_reference(self) -> torch.nn.Module | None:
+        """The reference a checkpoint must hold: one that phases move (``kl_reference: phase_start``); an initial
+        reference is rebuilt from the run's model on resume, so it is not saved."""
+        return self.reference if self.settings.kl_reference == "phase_start" else None
 
     def make_resident(self) -> None:
         """Bring this role's weights and optimizer state onto the accelerator when roles take turns there."""
