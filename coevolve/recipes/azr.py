@@ -50,7 +50,7 @@ from coevolve.recipes.base import (
 from coevolve.records import generator_row, solver_row
 from coevolve.rewards.azr import learnability, proposer_reward, solver_reward
 from coevolve.rl.advantages import compute_advantages
-from coevolve.rollout import Completion
+from coevolve.rollout import Completion, SamplingParams
 from coevolve.tasks.triplets import (
     INVALID_REASONS,
     KINDS,
@@ -140,9 +140,17 @@ def make_world(config, params: AZRParams) -> ProgramWorld:
 
         return TinyProgramWorld(params.induction_inputs)
     if config.task == "python":
+        from coevolve.execution import SandboxUnavailable
         from coevolve.tasks.python_programs import python_world
 
-        return python_world(params.execution_timeout_s, params.execution_workers, params.unconfined_execution)
+        try:
+            return python_world(params.execution_timeout_s, params.execution_workers, params.unconfined_execution,
+                                params.induction_inputs)
+        except SandboxUnavailable as exc:
+            raise ConfigError(f"config key 'params.unconfined_execution': azr runs model-written programs in a "
+                              f"bubblewrap sandbox, which cannot run here ({exc}); install bubblewrap, or pass "
+                              f"--set params.unconfined_execution=true to run them unconfined (separate processes "
+                              f"under resource limits that can read your files and reach the network)") from None
     raise ConfigError(f"config key 'task': azr runs in the program world (task=program, the tiny-program model) or "
                       f"the python world (task=python), not {config.task!r}")
 
@@ -277,32 +285,25 @@ class AZR(Recipe):
         return self.buffers.references(kind, self.params.references, rng)
 
     def propose(self, specs: list[tuple[Kind, list[Triplet]]], seed: int) -> list[Proposed]:
-        """One proposal per (type, references) spec, read and validated by the world, one batch per type."""
-        proposed = []
+        """One proposal per (type, references) spec, read and then validated by the world (one batch per type)."""
+        prompts = [(kind, self.world.proposer_prompt(kind, refs, self.style)) for kind, refs in specs]
+        outputs = self.generate(prompts, 1, seed, self.proposer_sampling, self.params.format_constraint,
+                                self.world.proposer_regex)
+        proposed = [Proposed(kind, group[0], refs) for (kind, refs), group in zip(specs, outputs)]
+        for q in proposed:
+            read = self.world.read_proposal(q.kind, q.completion.text,
+                                            q.references[0].program if q.kind == "induction" else None)
+            q.reason, q.proposal = (read, None) if isinstance(read, str) else (None, read)
         for kind in KINDS:
-            mine = [refs for k, refs in specs if k == kind]
-            if not mine:
-                continue
-            prompts = [self.policy.format_prompt(self.world.proposer_prompt(kind, refs, self.style)) for refs in mine]
-            sampling = replace(self.proposer_sampling,
-                               regex=self.world.proposer_regex(kind) if self.params.format_constraint else None)
-            outputs = self.engine(self.policy).generate(prompts, sampling, seed + KINDS.index(kind))
-            batch = [Proposed(kind, output, refs) for refs, output in zip(mine, outputs)]
-            for q in batch:
-                read = self.world.read_proposal(kind, q.completion.text, q.references[0].program
-                                                if kind == "induction" else None)
-                q.reason, q.proposal = (read, None) if isinstance(read, str) else (None, read)
-            readable = [q for q in batch if q.reason is None]
+            readable = [q for q in proposed if q.kind == kind and q.reason is None]
             for q, validation in zip(readable, self.world.validate([q.proposal for q in readable])):
                 q.task, q.reason = validation.triplet, validation.reason
             self.execution[kind].add(self.world.pop_execution_stats())
-            proposed += batch
         return proposed
 
     def estimate(self, proposed: list[Proposed], seed: int) -> None:
-        """r_propose (Eq. 4) of each valid task from n solver rollouts (sampled, checked, not trained on)."""
-        n = self.params.learnability_samples
-        groups = self.rollouts([(q.kind, q.task) for q in proposed], n, seed)
+        """r_propose (Eq. 4) of each valid task from n solver rollouts (sampled and checked, not trained on)."""
+        groups = self.rollouts([(q.kind, q.task) for q in proposed], self.params.learnability_samples, seed)
         for q, (outputs, answers, correct) in zip(proposed, groups):
             q.estimates, q.estimate_answers, q.estimate_correct = outputs, answers, correct
             q.r_propose = learnability(correct)
@@ -319,24 +320,34 @@ class AZR(Recipe):
 
     def rollouts(self, tasks: list[tuple[Kind, Triplet]], n: int, seed: int
                  ) -> list[tuple[list[Completion], list[str | None], list[bool]]]:
-        """``n`` solver rollouts per task with their answers and whether each checks, in task order (one sampling
-        batch and one check batch per type)."""
-        out: list[tuple[list[Completion], list[str | None], list[bool]]] = [([], [], [])] * len(tasks)
+        """``n`` solver rollouts per task with their answers and whether each checks (one check batch per type)."""
+        prompts = [(kind, self.world.solver_prompt(kind, task, self.style)) for kind, task in tasks]
+        groups = self.generate(prompts, n, seed, self.sampling, self.params.solver_format_constraint,
+                               self.world.solver_regex)
+        answers = [[self.world.read_answer(kind, c.text) for c in group] for (kind, _), group in zip(tasks, groups)]
+        correct: list[list[bool]] = [[] for _ in tasks]
         for kind in KINDS:
             index = [i for i, (k, _) in enumerate(tasks) if k == kind]
-            if not index:
-                continue
-            prompts = [self.policy.format_prompt(self.world.solver_prompt(kind, tasks[i][1], self.style))
-                       for i in index]
-            sampling = replace(self.sampling,
-                               regex=self.world.solver_regex(kind) if self.params.solver_format_constraint else None)
-            groups = self.sample_groups(self.policy, prompts, n, seed + KINDS.index(kind), sampling)
-            answers = [[self.world.read_answer(kind, c.text) for c in group] for group in groups]
-            correct = self.world.check(kind, [tasks[i][1] for i in index for _ in range(n)],
-                                       [a for group in answers for a in group])
+            verdicts = iter(self.world.check(kind, [tasks[i][1] for i in index for _ in range(n)],
+                                             [a for i in index for a in answers[i]]))
+            for i in index:
+                correct[i] = [next(verdicts) for _ in range(n)]
             self.execution[kind].add(self.world.pop_execution_stats())
-            for j, i in enumerate(index):
-                out[i] = (groups[j], answers[j], correct[j * n:(j + 1) * n])
+        return list(zip(groups, answers, correct))
+
+    def generate(self, prompts: list[tuple[Kind, str]], n: int, seed: int, sampling: SamplingParams,
+                 constrained: bool, regex_of) -> list[list[Completion]]:
+        """``n`` completions per (type, message) in the policy's chat template, in one sampling call per format
+        (one in all without constrained decoding)."""
+        formats: dict[str | None, list[int]] = {}
+        for i, (kind, _) in enumerate(prompts):
+            formats.setdefault(regex_of(kind) if constrained else None, []).append(i)
+        out: list[list[Completion]] = [[] for _ in prompts]
+        for j, (regex, index) in enumerate(formats.items()):
+            groups = self.sample_groups(self.policy, [self.policy.format_prompt(prompts[i][1]) for i in index], n,
+                                        seed + j, replace(sampling, regex=regex))
+            for i, group in zip(index, groups):
+                out[i] = group
         return out
 
     def advantages(self, proposed: list[Proposed], solved: list[Solved]) -> None:
