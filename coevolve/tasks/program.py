@@ -82,8 +82,13 @@ def read_program(text: str) -> str | None:
     program = "".join(text.split())
     if not _PROGRAM.fullmatch(program):
         return None
-    ops = arith.level_of(program, "x=0")
+    ops = level_of_program(program)
     return program if ops is not None and ops <= MAX_PROGRAM_OPS else None
+
+
+def level_of_program(program: str) -> int | None:
+    """The number of operations of a program (None if it is not one)."""
+    return arith.level_of(program, "x=0")
 
 
 def read_integer(text: str) -> int | None:
