@@ -76,9 +76,9 @@ _REASONS = {"syntax": "syntax", "error": "error", "forbidden": "forbidden", "tim
             "memory": "resource", "output": "resource", "killed": "resource"}
 
 SEED_PROGRAM = "def f(a):\n    return a"
-# Format help (constrained decoding, params.format_constraint): a function f of up to three arguments with one to six
+# Format help (constrained decoding, params.format_constraint): a function f of up to three arguments with one to four
 # body lines in a python block; an input of up to three simple literals (integers, short strings, integer lists).
-_FUNCTION = r"```python\ndef f\([a-z_]{1,12}(, [a-z_]{1,12}){0,2}\):\n(    [^\n`]{1,80}\n){1,6}```"
+_FUNCTION = r"```python\ndef f\([a-z_]{1,12}(, [a-z_]{1,12}){0,2}\):\n(    [^\n`]{1,60}\n){1,4}```"
 _LITERAL = r"""(-?[0-9]{1,6}|"[A-Za-z0-9 ]{0,20}"|'[A-Za-z0-9 ]{0,20}'|\[(-?[0-9]{1,4}(, -?[0-9]{1,4}){0,7})?\])"""
 _ARGUMENTS = _LITERAL + "(, " + _LITERAL + "){0,2}"
 
@@ -428,14 +428,14 @@ class PythonWorld(ProgramWorld):
 
     def proposer_regex(self, kind):
         if kind == "induction":
-            return r"(```input\n%s\n```\n){%d}```message\n[^\n`]{1,200}\n```" % (_ARGUMENTS, self.n_inputs)
+            return r"(```input\n%s\n```\n){%d}```message\n[^\n`]{1,80}\n```" % (_ARGUMENTS, self.n_inputs)
         return _FUNCTION + r"\n```input\n" + _ARGUMENTS + r"\n```"
 
     def solver_regex(self, kind):
         if kind == "induction":
             return _FUNCTION
         block = r"```output\n[^\n`]{1,60}\n```" if kind == "deduction" else r"```input\n%s\n```" % _ARGUMENTS
-        return r"[^`]{0,300}" + block
+        return r"[^`]{0,100}" + block  # a short reasoning, then the block, within a small model's budget
 
     def pop_execution_stats(self) -> ExecutionStats:
         stats, self._stats = self._stats, ExecutionStats()
