@@ -1,7 +1,11 @@
 """Absolute Zero in the tiny program world: held-out accuracy on the three task types against the untrained model
 and against GRPO with ground-truth tasks of the same world and model, with AZR's per-type telemetry.
 
-    python -m experiments.azr.run [--seeds 0 1 2] [--jobs 2] [--report-only]
+    python -m experiments.azr.run --arms grpo_program azr [--seeds 0 1 2] [--jobs 2] [--report-only]
+    python -m experiments.azr.run --arms grpo_program_300 azr_300 --seeds 0      # the longer horizon, one seed
+
+The 300-step runs of seed 0 in results.md are the 100-step runs resumed (``coevolve run --resume DIR --set steps=300
+--set eval_every=50``); the arms below start them from scratch with the same settings.
 """
 
 import statistics
@@ -16,11 +20,14 @@ from experiments.harness import Arm, ArmResult, Experiment, main, mean_sd, run_d
 KINDS = ("deduction", "abduction", "induction")
 SETS = [f"prog_{kind}" for kind in KINDS]
 STEPS = ("steps=100", "eval_every=20")
+GRPO_WORLD = ("model=tiny-program", "task=program", f"eval_sets=[{','.join(SETS)}]", "params.levels=[1,2,3]")
+LONG = ("steps=300", "eval_every=50")
 ARMS = (
-    Arm("grpo_program", "grpo", ("model=tiny-program", "task=program", f"eval_sets=[{','.join(SETS)}]",
-                                 "params.levels=[1,2,3]", *STEPS),
+    Arm("grpo_program", "grpo", (*GRPO_WORLD, *STEPS),
         note="ground-truth tasks of the three types (16 tasks x 8 rollouts a step)"),
     Arm("azr", "azr", STEPS, note="self-proposed tasks, B = 16 per type and role, n = 4"),
+    Arm("grpo_program_300", "grpo", (*GRPO_WORLD, *LONG), note="300 steps"),
+    Arm("azr_300", "azr", LONG, note="300 steps"),
 )
 TELEMETRY = ("valid_rate", "learnability", "solve_rate", "buffer_size_final", "buffer_distinct_programs_final")
 
