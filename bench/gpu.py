@@ -32,9 +32,10 @@ import json
 import string
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from speed import RESULTS_DIR, machine_info, run_header, write_json

@@ -11,7 +11,8 @@ rollouts, and then measures
 - memory: the peak resident memory above the level before ĝ_dev is computed, over Phase 1's gradient and Phase 4
   (so ĝ_dev, the gradient buffer, streaming temporaries and activations), divided by the parameters' memory; the same
   for the solver update for comparison, and the difference of the two (what the influence phase holds beyond what
-  a solver update needs anyway: activations and the gradient buffer are common to both). Peaks come from Linux's VmHWM, reset through ``/proc/self/clear_refs``; the
+  a solver update needs anyway: activations and the gradient buffer are common to both). Peaks come from Linux's
+  VmHWM, reset through ``/proc/self/clear_refs``; the
   script re-executes itself with ``MALLOC_MMAP_THRESHOLD_`` low so freed tensors return to the system.
 
 It prints a table and writes ``bench/results/influence.json`` with the machine, load average, command and time.
@@ -61,7 +62,7 @@ def rss_kib(field: str) -> int:
 class PeakMemory:
     """Peak resident memory above the level at entry (KiB), from VmHWM after a reset of the high-water mark."""
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
         Path("/proc/self/clear_refs").write_text("5")
         self.base = rss_kib("VmRSS")
@@ -126,9 +127,11 @@ def measure(model: str, sizes: Sizes) -> dict[str, Any]:
     return {
         "model": model, "parameters": sum(p.numel() for p in trainable(trainer)), "param_mib": param_bytes / 2**20,
         "load_s": round(load_s, 2), "sizes": vars(sizes), "rollouts": len(batch),
-        "influence_s": round(inf, 4), "solver_update_s": round(upd, 4), "dev_gradient_s": round(statistics.median(dev_s), 4),
+        "influence_s": round(inf, 4), "solver_update_s": round(upd, 4),
+        "dev_gradient_s": round(statistics.median(dev_s), 4),
         "time_ratio": round(inf / upd, 3),
-        "influence_extra_mib": round(max(influence_mem) / 2**20, 1), "update_extra_mib": round(max(update_mem) / 2**20, 1),
+        "influence_extra_mib": round(max(influence_mem) / 2**20, 1),
+        "update_extra_mib": round(max(update_mem) / 2**20, 1),
         "memory_ratio": round(max(influence_mem) / param_bytes, 3),
         "update_memory_ratio": round(max(update_mem) / param_bytes, 3),
         "memory_ratio_beyond_update": round((max(influence_mem) - max(update_mem)) / param_bytes, 3),

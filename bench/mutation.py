@@ -141,7 +141,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("checkpoints_pruned_one_late", STORE, "for old in self.checkpoint_steps()[:-keep]:",
              "for old in self.checkpoint_steps()[:-keep - 1]:", RESUME),
     # --- distribution --------------------------------------------------------------------------------------------
-    Mutation("rank_samples_with_the_call_seed", "coevolve/rollout/wrappers.py", "seed + start * PROMPT_SEED_STRIDE", "seed",
+    Mutation("rank_samples_with_the_call_seed", "coevolve/rollout/wrappers.py", "seed + start * PROMPT_SEED_STRIDE",
+             "seed",
              TWO_PROCESSES),
     Mutation("every_rank_trains_the_whole_mini_batch", TRAINER,
              "first, last = distributed.shard_bounds(len(indices))", "first, last = 0, len(indices)", TWO_PROCESSES),

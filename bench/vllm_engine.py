@@ -77,7 +77,8 @@ def child_sampling(engine_name: str, prompts: int, tokens: int) -> dict[str, Any
 
 def child_grpo(engine_name: str, questions: int, group: int, tokens: int, micro: int) -> dict[str, Any]:
     """Step 2 of ``grpo`` (step 1 warms up) with one engine: seconds, phases, weight sync."""
-    recipe = grpo_recipe(MODEL, questions, group, tokens, [f"rollout.engine={engine_name}", f"train.micro_batch_size={micro}",
+    recipe = grpo_recipe(MODEL, questions, group, tokens, [f"rollout.engine={engine_name}",
+                                                           f"train.micro_batch_size={micro}",
                                                            f"rollout.batch_size={questions * group}"])
     timings = {}
     for step in (1, 2):
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.grpo_tokens} tokens, 2 threads")
     for engine, r in grpo.items():
         step = r["step"]
-        phases = "  ".join(f"{k[5:-2]} {val:.1f}s" for k, val in step.items() if k.startswith("time/") and k != "time/step_s")
+        phases = "  ".join(f"{k[5:-2]} {val:.1f}s" for k, val in step.items()
+                           if k.startswith("time/") and k != "time/step_s")
         print(f"{engine:<6} step {step['step_s']:.1f} s  ({phases})  peak RSS {r['peak_rss_mib']:.0f} MiB")
     path = RESULTS_DIR / "vllm_engine.json"
     write_json(path, payload)

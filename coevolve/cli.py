@@ -1,15 +1,16 @@
-"""Command line: ``coevolve run | sft | eval | recipes | report | compare``."""
+"""Command line: ``coevolve run | sft | eval | export | recipes | report | compare``."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Iterator, Optional
 
 import typer
 
@@ -59,15 +60,15 @@ def recipes() -> None:
 
 @app.command()
 def run(
-    recipe: Optional[str] = typer.Argument(None, help="recipe name (see `coevolve recipes`)"),
-    preset: Optional[str] = typer.Option(None, "--preset", help="named defaults shipped with the recipe"),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML config file"),
+    recipe: str | None = typer.Argument(None, help="recipe name (see `coevolve recipes`)"),
+    preset: str | None = typer.Option(None, "--preset", help="named defaults shipped with the recipe"),
+    config: Path | None = typer.Option(None, "--config", help="YAML config file"),
     set_: list[str] = typer.Option([], "--set", help="override a key: --set train.lr=1e-4 (repeatable)"),
-    out: Optional[str] = typer.Option(None, "--out", help="run directory: absent or empty (default "
+    out: str | None = typer.Option(None, "--out", help="run directory: absent or empty (default "
                                       "runs/<recipe>-<time>)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace the run in --out (removes only what a run "
                                    "wrote there)"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this directory"),
+    resume: Path | None = typer.Option(None, "--resume", help="continue the run in this directory"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the model folder's own Python "
                                            "code run (needed whatever the config says)"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
@@ -77,14 +78,15 @@ def run(
     """Train with a recipe; everything the run produces goes to its run directory."""
     from coevolve import distributed
     from coevolve.config import ConfigError, check_runtime
-    from coevolve.data.benchmarks import load_benchmark
+    from coevolve.documents import DocumentError
     from coevolve.loop import NonFiniteWeights
     from coevolve.loop import run as run_loop
-    from coevolve.models import ModelNotFoundError
+    from coevolve.models import ModelNotFoundError, prepare_builtin
     from coevolve.recipes import resolve, resolve_saved
+    from coevolve.records import accuracy_line
     from coevolve.rollout.vllm_engine import EngineUnavailable, PromptTooLong, require_vllm
     from coevolve.rundir import RunDirError, check_run_dir, claim_run_dir
-    from coevolve.store import CheckpointDamaged
+    from coevolve.store import CheckpointDamaged, RunStore
     from coevolve.tasks.registry import TaskDataError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -96,6 +98,11 @@ def run(
             cfg, params, cls = resolve_saved(str(resume / "config.yaml"), set_)
             if recipe is not None and recipe != cfg.recipe:
                 _fail(f"{resume} holds a {cfg.recipe} run, not {recipe}", 2)
+            held = max(RunStore(resume).checkpoint_steps(), default=0)
+            if cfg.steps < held:
+                _fail(f"{resume} already holds {held} completed steps, more than steps={cfg.steps}; --resume "
+                      f"continues a run to a larger steps value (evaluate a checkpoint with coevolve eval "
+                      f"{resume} --checkpoint N)", 2)
             out_dir = resume
         else:
             if recipe is None:
@@ -113,13 +120,12 @@ def run(
         check_runtime(cfg, world, fsdp_unsupported=cls.fsdp_unsupported)
         if cfg.rollout.engine == "vllm":
             require_vllm()
-        for name in cls.data_sets(cfg, params):
-            load_benchmark(name, data_dir=cfg.data_dir)
+        cls.check_inputs(cfg, params)  # benchmark files, document sources, question pools
     except (ConfigError, RunDirError, EngineUnavailable) as exc:
         _fail(str(exc), 2)
     except KeyError as exc:  # a recipe's data set name (params.train_split, params.dev_source) that is not a set
         _fail(str(exc).strip("'\""), 2)
-    except FileNotFoundError as exc:  # a benchmark file, with what to pass
+    except (FileNotFoundError, TaskDataError, DocumentError) as exc:  # a benchmark file, with what to pass
         _fail(str(exc))
     if processes > 1 and not distributed.launched_distributed():
         _launch_ranks(processes, out_dir)
@@ -129,6 +135,7 @@ def run(
         with _sigterm_as_interrupt() if single else nullcontext():
             distributed.init_from_env(distributed.device_for(cfg.device))
             main = distributed.is_main()  # rank 0 alone writes the run directory
+            prepare_builtin(cfg.model, progress=main and not quiet)  # a first use of tiny-arith builds it
             with claim_run_dir(out_dir, resume=resume is not None, overwrite=overwrite) if main else nullcontext():
                 instance = cls(cfg, params)
                 if main:
@@ -140,6 +147,12 @@ def run(
             distributed.DistributedSetupError, CheckpointDamaged) as exc:
         resumable = resume is None and (out_dir / "config.yaml").exists() and not isinstance(exc, NonFiniteWeights)
         _fail(f"{exc}; the run directory is kept: continue with --resume {out_dir}" if resumable else str(exc))
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        kept = f"the completed steps are kept: free space, then coevolve run --resume {out_dir}" \
+            if (out_dir / "config.yaml").exists() else "the run had not started"
+        _fail(f"no space left on the device while writing {exc.filename or out_dir}; {kept}")
     except KeyboardInterrupt as exc:
         code = 143 if isinstance(exc, _Terminated) else 130
         if not (out_dir / "config.yaml").exists():
@@ -147,10 +160,8 @@ def run(
         _fail(f"interrupted; continue with: coevolve run --resume {out_dir}", code)
     if not distributed.is_main():
         return
-    final = summary.get("final_eval") or {}
-    accs = "  ".join(f"{k.split('/', 1)[1].replace('/accuracy', '')} {v:.3f}" for k, v in final.items()
-                     if k.startswith("eval/"))
-    typer.echo(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s  {accs}")
+    typer.echo(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s  "
+               f"{accuracy_line(summary.get('final_eval') or {})}")
 
 
 def _launch_ranks(processes: int, out_dir: Path) -> None:
@@ -176,7 +187,7 @@ def _launch_ranks(processes: int, out_dir: Path) -> None:
 def sft(
     recipe: str = typer.Argument(..., help="recipe whose generator output format to teach (see `coevolve recipes`)"),
     set_: list[str] = typer.Option([], "--set", help="override a warm-up key: --set steps=60 (repeatable)"),
-    out: Optional[str] = typer.Option(None, "--out", help="output folder, absent or empty (default "
+    out: str | None = typer.Option(None, "--out", help="output folder, absent or empty (default "
                                       "runs/sft-<recipe>-<time>)"),
     quiet: bool = typer.Option(False, "--quiet", help="no per-step loss lines"),
 ) -> None:
@@ -210,31 +221,40 @@ def eval_(
     sets: str = typer.Option(None, "--sets", "--task", help="comma-separated evaluation sets (default: the run's)"),
     preset: str = typer.Option("greedy", "--preset", help="sampling defaults: greedy or a paper's protocol "
                                "(prism, dynamic_rl, opensir, pasodoble, infuser)"),
-    limit: Optional[int] = typer.Option(None, "--limit", help="seeded subset of this many questions per set"),
-    n: Optional[int] = typer.Option(None, "--n", help="samples per question (avg@n, pass@k)"),
-    k: Optional[int] = typer.Option(None, "--k", help="k for pass@k (default n)"),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy"),
-    top_p: Optional[float] = typer.Option(None, "--top-p"),
-    top_k: Optional[int] = typer.Option(None, "--top-k"),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens"),
-    checkpoint: Optional[int] = typer.Option(None, "--checkpoint", help="run dir: which step (default latest)"),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with the benchmark files"),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="seeded subset of this many questions per set"),
+    n: int | None = typer.Option(None, "--n", min=1, help="samples per question (avg@n, pass@k)"),
+    k: int | None = typer.Option(None, "--k", min=1, help="k for pass@k (default n)"),
+    temperature: float | None = typer.Option(None, "--temperature", help="0 = greedy"),
+    top_p: float | None = typer.Option(None, "--top-p"),
+    top_k: int | None = typer.Option(None, "--top-k"),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens"),
+    checkpoint: int | None = typer.Option(None, "--checkpoint", "--step", help="run dir: which step (default "
+                                             "latest)"),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="folder with the benchmark files"),
     seed: int = typer.Option(0, "--seed"),
-    out: Optional[Path] = typer.Option(None, "--out", help="where to write per-question results"),
+    out: Path | None = typer.Option(None, "--out", help="where to write per-question results"),
     engine_name: str = typer.Option("hf", "--engine", help="sampler: hf (transformers) or vllm (in-process vLLM)"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the model folder's own Python "
                                            "code run (a run directory's saved config does not)"),
 ) -> None:
     """Evaluate a model or a run's checkpoint on evaluation sets (options override the preset)."""
-    from coevolve.config import ConfigError, SamplingConfig
+    from pydantic import ValidationError
+
+    from coevolve.config import ConfigError, SamplingConfig, SamplingOverride
     from coevolve.data.benchmarks import BenchmarkDataNotFound
     from coevolve.evaluation.harness import EVAL_PRESETS, evaluate
     from coevolve.models import ModelNotFoundError
     from coevolve.recipes import default_eval_sets
     from coevolve.rollout import make_engine
     from coevolve.rollout.vllm_engine import EngineUnavailable, require_vllm
-    from coevolve.store import load_run_policy
+    from coevolve.run_models import RunCheckpointError, load_run_policy
+    from coevolve.store import CheckpointDamaged
 
+    try:  # the same bounds as a run's sampling settings: finite, temperature >= 0, 0 < top_p <= 1, ...
+        SamplingOverride(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        _fail(f"--{str(err['loc'][0]).replace('_', '-')} {err.get('input')}: {err['msg']}", 2)
     if preset not in EVAL_PRESETS:
         _fail(f"unknown evaluation preset {preset!r} (known: {', '.join(EVAL_PRESETS)})", 2)
     if engine_name not in ("hf", "vllm"):
@@ -243,7 +263,7 @@ def eval_(
         if engine_name == "vllm":
             require_vllm()
         policy, default_sets, label = load_run_policy(target, checkpoint, trust_remote_code=trust_remote_code)
-    except ConfigError as exc:
+    except (ConfigError, RunCheckpointError, CheckpointDamaged) as exc:
         _fail(str(exc), 2)
     except (ModelNotFoundError, FileNotFoundError, EngineUnavailable) as exc:
         _fail(str(exc))
@@ -269,9 +289,54 @@ def eval_(
 
 
 @app.command()
+def export(
+    run_dir: Path = typer.Argument(..., help="run directory"),
+    out: str = typer.Option(..., "--out", help="folder for the model: absent or empty (or an earlier export, with "
+                            "--overwrite)"),
+    step: str = typer.Option("latest", "--step", help="checkpoint: a step number, latest, or best (by --metric)"),
+    metric: str | None = typer.Option(None, "--metric", help="--step best ranks checkpoints by this metrics.jsonl "
+                                         "name (default eval/<first eval set>/accuracy, strict)"),
+    role: str | None = typer.Option(None, "--role", help="which model of the run (default the solver; "
+                                       "generator, questioner, proposer or policy by the recipe's names)"),
+    dtype: str = typer.Option("fp32", "--dtype", help="weights as fp32 (as trained) or bf16"),
+    merge: bool = typer.Option(True, "--merge/--adapter", help="LoRA runs: merge the adapters into the weights "
+                               "(default) or write a PEFT adapter folder that names its base model"),
+    max_shard_size: str = typer.Option("5GB", "--max-shard-size", help="split the weights into files of this size"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier export in --out (removes only the "
+                                   "files it wrote)"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the model folder's own Python "
+                                           "code run (a run directory's saved config does not)"),
+) -> None:
+    """Write one trained model of a run as a standard Hugging Face folder (config, tokenizer, safetensors, card)."""
+    from coevolve.config import ConfigError
+    from coevolve.export import ExportError, ExportSettings, export_run
+    from coevolve.models import ModelNotFoundError
+    from coevolve.run_models import RunCheckpointError
+    from coevolve.store import CheckpointDamaged
+
+    if not out.strip():
+        _fail("--out needs a folder name", 2)
+    if step not in ("latest", "best") and not (step.isascii() and step.isdigit()):
+        _fail(f"--step {step}: give a step number, latest or best", 2)
+    settings = ExportSettings(step=int(step) if step.isdigit() else step, role=role, metric=metric, dtype=dtype,
+                              adapter=not merge, max_shard_size=max_shard_size, overwrite=overwrite)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # its per-file bars for a few files would bury the one result line
+    try:
+        manifest = export_run(run_dir, out, settings, trust_remote_code=trust_remote_code)
+    except (ExportError, RunCheckpointError, CheckpointDamaged, ConfigError) as exc:
+        _fail(str(exc), 2)
+    except ModelNotFoundError as exc:
+        _fail(str(exc))
+    typer.echo(f"exported the {manifest['role']} of step {manifest['step']} ({manifest['kind']}, {manifest['dtype']}) "
+               f"to {out}")
+
+
+@app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="run directory"),
-    out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default RUN/report/report.html)"),
+    out: Path | None = typer.Option(None, "--out", help="HTML file (default RUN/report/report.html)"),
     no_embed: bool = typer.Option(False, "--no-embed", help="skip embedding-based diversity (no encoder)"),
 ) -> None:
     """Write one self-contained HTML report (plots embedded) of a run's training and curriculum."""

@@ -8,14 +8,16 @@ expanded), so an alias bomb is one short error instead of a hang.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 import re
 import reprlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 # Tokens per forward/backward pass on a GPU when train.micro_batch_tokens is unset (H200, 1.5B: 27% of the bf16 peak
 # against 22% for passes of 8 x 640-token sequences; 0.5B: 14% against 8%; bench/README.md).
@@ -26,6 +28,13 @@ MAX_CONFIG_BYTES = 1 << 20  # a resolved config.yaml is about 2 KB
 MAX_CONFIG_VALUES = 100_000  # scalars, lists and mappings, with YAML aliases expanded
 _SHORT = reprlib.Repr()  # the offending value in an error line, cut short
 _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 80, 80
+
+
+# Settings the trainer's UpdateSettings shares with the config (coevolve.rl.trainer types its fields with these)
+LrSchedule = Literal["constant", "cosine"]
+OptimizerReset = Literal["never", "phase"]
+LossAgg = Literal["seq_mean", "token_sum_norm", "token_mean"]
+Precision = Literal["auto", "fp32", "bf16"]  # auto: bf16 on a CUDA device that has it, fp32 otherwise
 
 
 class ConfigError(ValueError):
@@ -43,6 +52,8 @@ class VLLMConfig(Strict):
     kv_cache_gib: float = Field(0.5, gt=0, description="CPU: KV-cache size per engine, GiB")
     max_model_len: int | None = Field(None, gt=0, description="context in tokens; default min(model's, 4096)")
     sleep: bool = Field(True, description="CUDA: free the engine's weights and KV cache while the trainer runs")
+    tensor_parallel_size: int = Field(1, ge=1, description="ranks (one GPU each) that run one engine together; it "
+                                      "must divide the number of processes")
 
 
 class SamplingOverride(Strict):
@@ -64,7 +75,7 @@ class SamplingConfig(Strict):
     top_k: int = Field(0, ge=0)
     max_new_tokens: int = Field(64, gt=0)
     batch_size: int = Field(64, gt=0, description="hf engine: prompts per forward pass while sampling")
-    dtype: Literal["auto", "fp32", "bf16"] = Field(
+    dtype: Precision = Field(
         "auto", description="hf engine: bf16 samples from a bf16 copy of the weights (refreshed after each update, "
         "LoRA merged) with the static decoder; fp32 from the trainer's own weights; auto: bf16 on a CUDA device "
         "that has it, fp32 otherwise")
@@ -82,8 +93,8 @@ class SamplingConfig(Strict):
 
 class LoraSettings(Strict):
     r: int = Field(8, gt=0)
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
+    lora_alpha: int = Field(16, gt=0)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] | str = "all-linear"
 
 
@@ -104,7 +115,7 @@ class TrainConfig(Strict):
     clip_high: float = Field(0.2, ge=0)
     dual_clip: float | None = Field(None, gt=1, description="dual-clip PPO: the loss of a token with A < 0 is capped "
                                     "at -c * A (verl's clip_ratio_c, 3.0 in R-Zero's and Prism's code); unset: off")
-    lr_schedule: Literal["constant", "cosine"] = Field(
+    lr_schedule: LrSchedule = Field(
         "constant", description="cosine: within each phase of a recipe with phases (r_zero, prism), linear warm-up "
         "over lr_warmup_ratio of the phase's steps, then cosine decay from lr towards lr_min_ratio * lr (verl's "
         "schedule over a job of the phase's steps)")
@@ -112,17 +123,17 @@ class TrainConfig(Strict):
                                    "warm up linearly from 0")
     lr_min_ratio: float = Field(0.0, ge=0, le=1, description="lr_schedule cosine: the lr at a phase's last step, as "
                                 "a share of lr")
-    optimizer_reset: Literal["never", "phase"] = Field(
+    optimizer_reset: OptimizerReset = Field(
         "never", description="phase: a fresh AdamW (moments and step counts cleared) at the start of each of a role's "
         "phases (recipes with phases), as when each phase is a new training job; never: AdamW state carries over")
     tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap; default 2.0 when "
                                   "rollouts are not sampled from the trained weights (vllm, a bf16 sampler copy, "
                                   "constrained decoding), off otherwise")
     kl_beta: float = Field(0.0, ge=0)
-    loss_agg: Literal["seq_mean", "token_sum_norm", "token_mean"] = "seq_mean"
+    loss_agg: LossAgg = "seq_mean"
     norm_constant: int | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
     lora: LoraSettings | None = None
-    dtype: Literal["auto", "fp32", "bf16"] = Field(
+    dtype: Precision = Field(
         "auto", description="bf16: mixed precision (bf16 autocast for forward and backward, fp32 weights and AdamW "
         "state); auto: bf16 on a CUDA device that has it, fp32 otherwise")
     gradient_checkpointing: bool | None = Field(None, description="recompute activations in the backward pass "
@@ -134,6 +145,17 @@ class TrainConfig(Strict):
     fsdp: bool = Field(False, description="shard each role's weights, gradients and AdamW state over the processes "
                        "(torch FSDP2), for a model whose training state does not fit one device; needs several "
                        "processes")
+
+
+class RoleSettings(Strict):
+    """One role's own update settings (``roles.<role>``, e.g. ``roles.questioner.epochs``); an unset field keeps the
+    run's ``train`` value. The roles are the recipe's (``coevolve recipes``; R-Zero's questioner and solver)."""
+
+    lr: float | None = Field(None, gt=0)
+    mini_batch_size: int | None = Field(None, ge=0, description="sequences per AdamW step (0: the whole batch)")
+    epochs: int | None = Field(None, gt=0, description="passes over the role's rollout batch")
+    lr_schedule: LrSchedule | None = Field(None, description="the role's lr over each of its phases")
+    optimizer_reset: OptimizerReset | None = Field(None, description="a fresh AdamW at each of the role's phases")
 
 
 class RunConfig(Strict):
@@ -150,6 +172,8 @@ class RunConfig(Strict):
                                                    "with several processes), else CPU")
     rollout: SamplingConfig = SamplingConfig()
     train: TrainConfig = TrainConfig()
+    roles: dict[str, RoleSettings] = Field({}, description="per-role update settings over train.* (roles.<role>.lr, "
+                                           "mini_batch_size, epochs, lr_schedule, optimizer_reset)")
     eval_every: int = Field(10, ge=0, description="evaluate every N steps (0 = only at start and end)")
     eval_sets: list[str] | None = Field(None, description="default: the task's sets (arith: levels 1-6)")
     eval_limit: int | None = Field(200, gt=0, description="questions per evaluation set")
@@ -157,6 +181,9 @@ class RunConfig(Strict):
     frozen_generator: bool = Field(False, description="two-role recipes: never update the generator (baseline)")
     checkpoint_every: int = Field(1, gt=0)
     keep_checkpoints: int = Field(2, gt=0)
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(["tensorboard"], description="where the run also "
+                                                             "reports its metrics (wandb: pip install "
+                                                             "'coevolve[wandb]')")
     params: dict[str, Any] = {}
 
     @field_validator("eval_sets")
@@ -168,18 +195,6 @@ class RunConfig(Strict):
         if unknown:
             raise ValueError(f"unknown evaluation set {unknown[0]!r} (known: {', '.join(BENCHMARKS)})")
         return sets
-
-    @model_validator(mode="after")
-    def _behaviour_policy_mismatch_needs_tis(self) -> "RunConfig":
-        """Rollouts not sampled from the trainer's pi need TIS (2.0 unless a cap is set): vLLM's log-probs are not the
-        trainer's, a bf16 sampler copy rounds the weights, and constrained decoding samples from a masked
-        distribution q; the weights min(pi_old / q, cap) correct for all three. (``rollout.dtype: auto`` is resolved
-        where the device is known, by the recipe's trainers.)"""
-        constrained = self.params.get("format_constraint") or self.params.get("solver_format_constraint")
-        other_sampler = self.rollout.engine == "vllm" or self.rollout.dtype == "bf16"
-        if (other_sampler or constrained) and self.train.tis_cap is None:
-            self.train.tis_cap = DEFAULT_TIS_CAP
-        return self
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -270,16 +285,20 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _first_error(exc: ValidationError, prefix: str = "") -> str:
+def _first_error(exc: ValidationError, prefix: str = "", renamed: Mapping[str, str] | None = None) -> str:
+    """The first validation error as one line naming the key; ``renamed``: keys that moved, with where to."""
     err = exc.errors()[0]
     key = prefix + ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
-        return f"unknown config key '{key}'"
+        moved = (renamed or {}).get(key.removeprefix(prefix))
+        return f"config key '{key}' is now {moved}" if moved else f"unknown config key '{key}'"
     return f"config key '{key}': {err['msg'].removeprefix('Value error, ')} (got {_SHORT.repr(err.get('input'))})"
 
 
-def validate(raw: Mapping[str, Any], params_model: type[BaseModel]) -> tuple[RunConfig, BaseModel]:
-    """Validate a merged config and its recipe ``params`` section; raise ConfigError on the first problem."""
+def validate(raw: Mapping[str, Any], params_model: type[BaseModel],
+             renamed: Mapping[str, str] | None = None) -> tuple[RunConfig, BaseModel]:
+    """Validate a merged config and its recipe ``params`` section; raise ConfigError on the first problem (a params
+    key in ``renamed`` is named with where it went)."""
     try:
         config = RunConfig.model_validate(dict(raw))
     except ValidationError as exc:
@@ -287,7 +306,7 @@ def validate(raw: Mapping[str, Any], params_model: type[BaseModel]) -> tuple[Run
     try:
         params = params_model.model_validate(config.params)
     except ValidationError as exc:
-        raise ConfigError(_first_error(exc, "params.")) from None
+        raise ConfigError(_first_error(exc, "params.", renamed)) from None
     config.params = params.model_dump(mode="json")
     return config, params
 
@@ -299,14 +318,18 @@ def check_runtime(config: RunConfig, processes: int = 1, fsdp_unsupported: str |
 
     from coevolve.distributed import device_for
 
+    if "wandb" in config.report_to and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("config key 'report_to': wandb needs the extra: pip install 'coevolve[wandb]'")
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("config key 'device': cuda requested but no CUDA device is available")
     on_cuda = device_for(config.device).type == "cuda"
     for key, dtype in (("train.dtype", config.train.dtype), ("rollout.dtype", config.rollout.dtype)):
         if dtype == "bf16" and on_cuda and not torch.cuda.is_bf16_supported():
             raise ConfigError(f"config key '{key}': bf16 is not supported by this GPU; use fp32")
-    if processes > 1 and config.rollout.engine == "vllm":
-        raise ConfigError("config key 'rollout.engine': vllm runs in one process for now; use hf with --processes")
+    tensor_parallel = config.rollout.vllm.tensor_parallel_size
+    if config.rollout.engine == "vllm" and processes % tensor_parallel:
+        raise ConfigError(f"config key 'rollout.vllm.tensor_parallel_size': an engine over {tensor_parallel} ranks "
+                          f"needs a multiple of {tensor_parallel} processes, not {processes} (--processes, torchrun)")
     if config.train.fsdp:
         if processes < 2:
             raise ConfigError("config key 'train.fsdp': sharding needs several processes (--processes N, torchrun "
@@ -314,7 +337,6 @@ def check_runtime(config: RunConfig, processes: int = 1, fsdp_unsupported: str |
         for on, why in ((config.train.lora is not None, "train.lora"),
                         (config.train.offload_idle_role, "train.offload_idle_role"),
                         (config.train.compile, "train.compile"),
-                        (config.rollout.engine == "vllm", "rollout.engine=vllm"),
                         (fsdp_unsupported is not None, fsdp_unsupported)):
             if on:
                 raise ConfigError(f"config key 'train.fsdp': not supported together with {why}")

@@ -1,19 +1,22 @@
 """Data parallel below the recipes: every rank runs the recipe on the whole batch; sampling and gradients are split.
 
 A run launched on several processes (``coevolve run --processes N``, ``torchrun`` or ``accelerate launch``) keeps
-one global view without the recipes knowing: each rank samples its share of a call's prompts and all ranks
-gather the completions (``coevolve.rollout.wrappers.DataParallelEngine``), so votes, pools, coverage counts, diversity terms and every
-group statistic are computed on the same global batch everywhere; the trainer splits each mini-batch across ranks
-and sums the gradients (``all_reduce_gradients``), so every rank takes the same optimizer step and the weights
-stay equal. Rank 0 alone writes the run directory. With one process every function here is a no-op.
+one global view without the recipes knowing: each rank samples its share of a call's prompts and all ranks gather
+the completions (``coevolve.rollout.wrappers.DataParallelEngine``; with vLLM, each rank's engine, or each
+tensor-parallel group's), so votes, pools, coverage counts, diversity terms and every group statistic are computed on
+the same global batch everywhere; the trainer splits each mini-batch across ranks and sums the gradients
+(``all_reduce_gradients``), so every rank takes the same optimizer step and the weights stay equal. Rank 0 alone
+writes the run directory. With one process every function here is a no-op.
 
 With ``train.fsdp`` each role's weights, gradients and AdamW state are instead sharded over the ranks (torch's
 FSDP2, ``shard_model``): a decoder layer's weights are gathered for its forward and backward, and the gradients are
 reduce-scattered (summed) into each rank's shard. Everything that runs a rank-dependent number of forward passes
-(sampling a rank's share, log-probs of a rank's share, evaluation) runs inside ``full_weights``, which gathers the
-whole model once and keeps it until the block ends; the trainer gives every rank the same number of micro-batches;
-checkpoints gather the full weights and optimizer state (``full_model_state``, ``full_optimizer_state``), so their
-files are the one-process files and a run resumes on any number of processes.
+(sampling a rank's share with the HF engine, log-probs of a rank's share, evaluation) runs inside ``full_weights``,
+which gathers the whole model once and keeps it until the block ends; a vLLM engine holds its own copy of the
+weights and loads them gathered one tensor at a time (``coevolve.rollout.weights.hf_state_dict``); the trainer gives
+every rank the same number of micro-batches; checkpoints gather the full weights and optimizer state
+(``full_model_state``, ``full_optimizer_state``), so their files are the one-process files and a run resumes on any
+number of processes.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -95,13 +99,14 @@ def all_reduce_gradients(parameters: Sequence[torch.nn.Parameter]) -> None:
         dist.all_reduce(p.grad)
 
 
-def shard_bounds(n: int, *, unit: int = 1) -> tuple[int, int]:
-    """[start, end) of this rank's contiguous share of ``n`` items, in whole units of ``unit`` items."""
+def shard_bounds(n: int, *, unit: int = 1, ranks_per_share: int = 1) -> tuple[int, int]:
+    """[start, end) of this rank's contiguous share of ``n`` items, in whole units of ``unit`` items; each group of
+    ``ranks_per_share`` consecutive ranks (the ranks of one tensor-parallel engine) takes the same share."""
     units = -(-n // unit)
-    per_rank, extra = divmod(units, world_size())
-    r = rank()
-    first = r * per_rank + min(r, extra)
-    last = first + per_rank + (1 if r < extra else 0)
+    per_share, extra = divmod(units, world_size() // ranks_per_share)
+    share = rank() // ranks_per_share
+    first = share * per_share + min(share, extra)
+    last = first + per_share + (1 if share < extra else 0)
     return min(first * unit, n), min(last * unit, n)
 
 

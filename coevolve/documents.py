@@ -105,6 +105,10 @@ def _cnxml_blocks(node: ET.Element, out: list[str]) -> None:
         _cnxml_blocks(child, out)
 
 
+class DocumentError(ValueError):
+    """A document source that cannot be read as text; the message is one line naming the file and why."""
+
+
 def read_cnxml(path: str | Path) -> str:
     """One OpenStax module as plain text: its title, then its blocks separated by blank lines."""
     root = ET.parse(path).getroot()
@@ -248,15 +252,22 @@ def _data_root(data_dir: str | None) -> Path:
 
 
 def _file_texts(path: Path) -> list[str]:
-    """Raw texts (before chunking) of one file, by its extension."""
+    """Raw texts (before chunking) of one file, by its extension; :class:`DocumentError` if it cannot be read."""
     suffix = path.suffix.lower()
-    if suffix == ".cnxml":
-        return [read_cnxml(path)]
-    if suffix == ".jsonl":
-        return read_jsonl(path)
-    if suffix == ".json":
-        return read_proofwiki(path)
-    return [read_text(path)]
+    try:
+        if suffix == ".cnxml":
+            return [read_cnxml(path)]
+        if suffix == ".jsonl":
+            return read_jsonl(path)
+        if suffix == ".json":
+            return read_proofwiki(path)
+        return [read_text(path)]
+    except RecursionError:
+        raise DocumentError(f"document {path}: its elements are nested too deeply to read") from None
+    except (OSError, ValueError, ET.ParseError, KeyError, TypeError, AttributeError) as exc:
+        why = " ".join(str(exc).split())[:200]
+        raise DocumentError(f"document {path} cannot be read as a {suffix or 'text'} file "
+                            f"({type(exc).__name__}: {why})") from None
 
 
 def _path_texts(path: Path) -> list[str]:
@@ -275,6 +286,16 @@ def load_documents(source: str, *, min_tokens: int = 1, max_tokens: int = 1024, 
     """
     if source == "arith":
         return DocumentPool(arith_fact_sheets(limit or 1000, arith_levels, seed), "arith")
+    chunks = [c for text in document_texts(source, data_dir) for c in chunk_text(text, min_tokens, max_tokens, count)]
+    if limit is not None and limit < len(chunks):
+        keep = sorted(random.Random(f"pool/{seed}").sample(range(len(chunks)), limit))
+        chunks = [chunks[i] for i in keep]
+    return DocumentPool(chunks, source)
+
+
+def document_texts(source: str, data_dir: str | None = None) -> list[str]:
+    """The raw texts (before chunking) of a document source other than ``arith``: FileNotFoundError when it does
+    not exist, :class:`DocumentError` when a file of it cannot be read or it holds no text."""
     if source == "openstax":
         texts = _path_texts(_data_root(data_dir) / "corpus_openstax_algebra" / "modules")
     elif source == "proofwiki":
@@ -283,11 +304,21 @@ def load_documents(source: str, *, min_tokens: int = 1, max_tokens: int = 1024, 
         texts = _path_texts(Path(source))
     else:
         raise FileNotFoundError(f"document source {source!r} is neither one of {_SOURCES} nor an existing path")
-    chunks = [c for text in texts for c in chunk_text(text, min_tokens, max_tokens, count)]
-    if limit is not None and limit < len(chunks):
-        keep = sorted(random.Random(f"pool/{seed}").sample(range(len(chunks)), limit))
-        chunks = [chunks[i] for i in keep]
-    return DocumentPool(chunks, source)
+    if not any(text.strip() for text in texts):
+        raise DocumentError(f"document source {source!r} holds no text")
+    return texts
+
+
+def check_document_source(source: str, key: str, data_dir: str | None = None) -> None:
+    """Read a document source before the model loads; a missing or unreadable one is a ConfigError naming ``key``."""
+    from coevolve.config import ConfigError
+
+    if source == "arith":
+        return
+    try:
+        document_texts(source, data_dir)
+    except (FileNotFoundError, DocumentError) as exc:
+        raise ConfigError(f"config key '{key}': {exc}") from None
 
 
 # ----------------------------------------------------------------------------- dev sets

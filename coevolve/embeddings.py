@@ -14,10 +14,11 @@ import hashlib
 import importlib.util
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -55,14 +56,14 @@ def encoder_name(path: str | Path | None = None) -> str:
 
 
 @lru_cache(maxsize=4)
-def _load(path: str) -> "SentenceTransformer":
+def _load(path: str) -> SentenceTransformer:
     os.environ["HF_HUB_OFFLINE"] = "1"
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(path, device="cpu")
 
 
-def load_encoder(path: str | Path | None = None) -> "SentenceTransformer":
+def load_encoder(path: str | Path | None = None) -> SentenceTransformer:
     """Load a local sentence-transformers folder on CPU, offline, once per process (cached).
 
     ``path=None`` uses the packaged all-MiniLM-L6-v2; a missing package raises
@@ -145,7 +146,7 @@ class ClusterSpace:
         n_init: int = 10,
         max_iter: int = 300,
         info: dict[str, Any] | None = None,
-    ) -> "ClusterSpace":
+    ) -> ClusterSpace:
         """Fit K-Means on a reference corpus (texts, or an ``(n, d)`` embedding array).
 
         Prism [C]: ``KMeans(n_clusters=K, n_init=10, max_iter=300, random_state=seed)`` on the
@@ -212,7 +213,7 @@ class ClusterSpace:
         return folder
 
     @classmethod
-    def load(cls, path: str | Path) -> "ClusterSpace":
+    def load(cls, path: str | Path) -> ClusterSpace:
         """Read a space written by :meth:`save`, checking that centroids match the metadata."""
         folder = Path(path)
         meta = json.loads((folder / META_FILE).read_text())

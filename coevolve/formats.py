@@ -14,18 +14,25 @@ these, so no question reaches the solver. Three switchable helps, all off by def
 
 Each recipe declares its :class:`GeneratorFormat` per task world in its own file (``formats``): ``chat`` for the chat
 tasks (``math`` and the document variants), where the help applies, and ``arith`` for the arithmetic world, whose
-writer format tiny-arith is pretrained on (:func:`arith_format`).
+writer format tiny-arith is pretrained on (:func:`arith_format`). A format's prompt and parser take the prompt style
+and keyword inputs (``document=``, ``reference=``, ``rules=``: whatever the recipe's generator reads), and the parser
+returns a :class:`Generation`. :class:`FormatWatch` warns when none of a generator's outputs parse for several steps.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from coevolve.data.benchmarks import _raw_rows, get_benchmark
+from coevolve.rollout.base import Completion
 from coevolve.tasks import arith
+
+log = logging.getLogger(__name__)
 
 _CALC = re.compile(r"<<[^>]*>>")  # GSM8K's calculator annotations
 
@@ -43,7 +50,7 @@ def load_worked_examples(count: int, seed: int = 0, data_dir: str | None = None)
     """``count`` GSM8K-train problems (a seeded sample) with solutions and answers, for examples and warm-up data;
     only problems whose question and solution fit the formats' length bounds (``MAX_CHARS``, ``MAX_SOLUTION_CHARS``)."""
     bench = get_benchmark("gsm8k_train")
-    rows = _raw_rows(bench, bench.relpath, data_dir)
+    rows = _raw_rows(bench, bench.relpath or "", data_dir)
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     examples = []
@@ -66,29 +73,56 @@ def concepts_of(example: WorkedExample) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """One generator output as its recipe reads it: the question (None when the output has none), the generator's
+    own answer where its format carries one, what else the format names (OpenSIR's concepts and format score), and
+    ``rejected`` for an output that has a question but breaks the format's other rules (OpenSIR's teacher)."""
+
+    question: str | None
+    answer: str | None = None
+    concepts: tuple[str, ...] = ()
+    format_score: float = 0.0
+    rejected: bool = False
+
+    @property
+    def valid(self) -> bool:
+        """The output has a question and keeps the format's rules."""
+        return self.question is not None and not self.rejected
+
+
+# A format's user message: ``prompt(style, **inputs)`` for the prompt style and the recipe's keyword inputs
+# (``document=``, ``reference=``, ...).
+PromptBuilder = Callable[..., str]
+# A format's reading of one generator output: ``parse(output, style, **inputs)`` for the completion (with its finish
+# reason), the prompt style and the recipe's keyword inputs.
+OutputParser = Callable[..., Generation]
+
+
+@dataclass(frozen=True)
 class GeneratorFormat:
     """A generator's output format in one task world, declared by its recipe (``formats["chat"]``,
     ``formats["arith"]``) and picked once by :class:`~coevolve.recipes.generator.GeneratorRecipe`.
 
-    ``prompt(style, *inputs)`` is the user message that asks for it and ``parse(output, style, *inputs)`` reads one
-    generator output; each recipe fixes their inputs (a document, a reference problem, or none) and what ``parse``
-    returns. A chat format adds the format help's pieces: what a person reads, a regex for constrained decoding, a
-    renderer of worked examples, and the prompt's inputs for one worked example (the format warm-up's user message;
-    ``examples`` and ``rng`` supply other examples where the prompt shows one).
+    ``prompt(style, **inputs)`` is the user message that asks for it and ``parse(output, style, **inputs)`` reads one
+    generator output into a :class:`Generation`; each recipe names its keyword inputs (a ``document``, a
+    ``reference`` problem, or none). A chat format adds the format help's pieces: what a person reads, a regex for
+    constrained decoding, a renderer of worked examples, and the prompt's inputs for one worked example (the format
+    warm-up's user message; ``examples`` and ``rng`` supply other examples where the prompt shows one).
     """
 
-    prompt: Callable[..., str]
-    parse: Callable[..., Any]
+    prompt: PromptBuilder
+    parse: OutputParser
     stop: tuple[str, ...] = ()  # stop strings of the generator's sampling
     grounded: bool = False  # its questions name the document's facts, so the solver is shown the document too
     description: str = ""
     regex: str = ""
     render: Callable[[WorkedExample], str] | None = None
-    warmup_inputs: Callable[[WorkedExample, list[WorkedExample], random.Random], tuple] | None = None
+    warmup_inputs: Callable[[WorkedExample, list[WorkedExample], random.Random], dict[str, Any]] | None = None
 
     def warmup_prompt(self, example: WorkedExample, examples: list[WorkedExample], rng: random.Random) -> str:
         """The generator's user message for one worked example of the format warm-up (chat formats)."""
-        return self.prompt("chat", *self.warmup_inputs(example, examples, rng))
+        inputs = self.warmup_inputs(example, examples, rng) if self.warmup_inputs else {}
+        return self.prompt("chat", **inputs)
 
 
 # Regex pieces for constrained decoding. The question is one line of at most 300 characters: a newline token can then
@@ -108,7 +142,7 @@ def solver_answer_regex(max_tokens: int) -> str:
     budget, so that it fits in ``max_tokens`` (English text averages about 4 characters a token). The answer is a
     number (GSM8K's are; MATH's LaTeX answers are not possible): with free text in the box, a 135M solver's answers
     never agreed with each other or with a generator's answer."""
-    return r"[^\\]{0,%d}\\boxed\{-?[0-9]{1,7}(\.[0-9]{1,4})?\}" % max(3 * max_tokens - 40, 0)
+    return r"[^\\]{0,%d}\\boxed\{-?[0-9]{1,7}(\.[0-9]{1,4})?\}" % max(3 * max_tokens - 40, 0)  # noqa: UP031
 
 
 def one_line(text: str) -> str:
@@ -120,14 +154,53 @@ def examples_block(fmt: GeneratorFormat, examples: list[WorkedExample]) -> str:
     """The text appended to a generator prompt by ``params.format_examples``: the examples in the exact format."""
     if not examples:
         return ""
+    if fmt.render is None:
+        raise ValueError(f"the format {fmt.description!r} has no worked-example renderer")
     shown = "\n\n".join(f"Example {i}:\n{fmt.render(e)}" for i, e in enumerate(examples, 1))
     return f"\n\nExamples of the required output format (write a new problem, in exactly this format):\n\n{shown}"
 
 
-def arith_format(parse: Callable[..., Any], *, grounded: bool = False) -> GeneratorFormat:
+def read_arith_question(output: Completion, style: str, document: str | None = None, **_: Any) -> Generation:
+    """The arithmetic world's writer output (over the fact sheet ``document``, where the writer read one): the
+    question and the writer's own answer; no question if malformed."""
+    parsed = arith.parse_question(output.text, style, document)
+    return Generation(parsed.question, parsed.answer) if parsed else Generation(None)
+
+
+def arith_format(parse: OutputParser = read_arith_question, *, grounded: bool = False) -> GeneratorFormat:
     """A generator format of the arithmetic world: its writer prompt (:func:`coevolve.tasks.arith.question_prompt`,
-    grounded in a fact sheet where the recipe's generator reads one) and the recipe's reading of the writer's output.
-    """
+    grounded in a fact sheet, ``document=``, where the recipe's generator reads one) and the reading of the writer's
+    output (default: :func:`read_arith_question`)."""
     if grounded:
-        return GeneratorFormat(lambda style, doc: arith.question_prompt(style, doc=doc), parse, grounded=True)
-    return GeneratorFormat(lambda style: arith.question_prompt(style), parse)
+        return GeneratorFormat(lambda style, document, **_: arith.question_prompt(style, doc=document), parse,
+                               grounded=True)
+    return GeneratorFormat(lambda style, **_: arith.question_prompt(style), parse)
+
+
+class FormatWatch:
+    """Counts consecutive generator steps with no valid output; warns once after ``after`` of them, naming the
+    format the recipe expected (``description``; None: the arithmetic world's writer format) and, for a chat format,
+    the format help switches."""
+
+    def __init__(self, recipe: str, after: int, description: str | None):
+        self.recipe, self.after, self.description, self.empty, self.warned = recipe, after, description, 0, False
+
+    def observe(self, step: int, valid: int, total: int) -> bool:
+        """Record one step's ``valid`` of ``total`` generator outputs; True when this call logged the warning."""
+        if total == 0:
+            return False
+        self.empty = 0 if valid else self.empty + 1
+        if self.empty < self.after or self.warned:
+            return False
+        self.warned = True
+        if self.description is None:
+            log.warning("step %d: the %s generator wrote no valid output for %d consecutive steps (expected the "
+                        "arithmetic world's writer format, Q:<expression>), so nothing reaches the solver; is the "
+                        "model the pretrained tiny-arith?", step, self.recipe, self.empty)
+            return True
+        log.warning("step %d: the %s generator wrote no valid output for %d consecutive steps (expected: %s), so "
+                    "nothing reaches the solver; turn on format help: params.format_examples=N (worked examples in "
+                    "the prompt), params.format_constraint=true (constrained decoding) or params.generator_init=DIR "
+                    "(a `coevolve sft %s` format warm-up)", step, self.recipe, self.empty, self.description,
+                    self.recipe)
+        return True

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -14,9 +13,11 @@ from tqdm.auto import tqdm
 from coevolve import distributed
 from coevolve.config import RunConfig, to_yaml
 from coevolve.grading.guard import pop_bound_counts
-from coevolve.recipes.base import Recipe
+from coevolve.recipes.base import Recipe, StepOutput
+from coevolve.records import accuracy_line, is_evaluation
 from coevolve.rundir import check_run_dir
 from coevolve.store import RunStore, atomic_write_text, dumps
+from coevolve.tracking import Tracker, open_trackers
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +32,6 @@ def _non_finite_roles(models: dict[str, torch.nn.Module]) -> list[str]:
            if not torch.stack([torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
                                for p in model.parameters()]).all().item()]
     return sorted({role for rank_bad in distributed.all_gather_objects(bad) for role in rank_bad})
-
-
-def _tensorboard(root: Path, purge_step: int | None):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is a dependency; a broken install only loses the event files
-        log.warning("tensorboard is not importable; no event files will be written")
-        return None
-    return SummaryWriter(str(root / "tb"), purge_step=purge_step)
 
 
 def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: int) -> dict[str, float]:
@@ -63,105 +55,150 @@ def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: in
     return row
 
 
-def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool = False,
-        progress: bool = True) -> dict[str, Any]:
-    """Train for ``config.steps`` steps in ``out_dir`` (continuing from its last checkpoint if ``resume``)."""
-    store = RunStore(out_dir)
-    trainers = recipe.trainers()
-    models = {role: t.model for role, t in trainers.items()}
-    optimizers = {role: t.optimizer for role, t in trainers.items()}
-    start, elapsed_before = 1, 0.0
-    main = distributed.is_main()  # with several processes, rank 0 alone writes the run directory
-    if resume:
-        loaded = store.load_latest_checkpoint(models, optimizers)  # the newest intact one
-        if loaded:
-            step, state = loaded
-            recipe.load_state_dict(state["loop_recipe"])
-            for role, t in trainers.items():
-                t.updates_done = state["updates_done"][role]
-            start, elapsed_before = step + 1, state["time_s"]
-        distributed.barrier()  # every rank has read the checkpoint before rank 0 trims what follows it
-        if main:
-            store.truncate_after(loaded[0] if loaded else -1)
-    else:
-        if main:
-            check_run_dir(store.root)  # a new run only in an empty or absent folder
-        distributed.barrier()  # rank 0 has checked before it writes
-    if main:  # on resume too, so that --set overrides (more steps) are what a later plain --resume reads
-        store.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(store.root / "config.yaml", to_yaml(config))
-    writer = _tensorboard(store.root, purge_step=start if resume else None) if main else None
-    t0 = time.perf_counter()
+class _Run:
+    """One run's state while the loop trains: the recipe, its trainers, the run store and the trackers (rank 0 alone
+    writes), and the clock (continued across a resume)."""
 
-    def now() -> float:
-        return elapsed_before + time.perf_counter() - t0
+    def __init__(self, recipe: Recipe, config: RunConfig, store: RunStore):
+        self.recipe, self.config, self.store = recipe, config, store
+        self.trainers = recipe.trainers()
+        self.models = {role: t.model for role, t in self.trainers.items()}
+        self.optimizers = {role: t.optimizer for role, t in self.trainers.items()}
+        self.main = distributed.is_main()
+        self.tracker: Tracker = Tracker()
+        self.elapsed_before, self.started = 0.0, time.perf_counter()
 
-    def log_row(step: int, row: dict[str, Any]) -> None:
-        if not main:
-            return
-        row = {"step": step, "time_s": round(now(), 3), **row}
-        store.append_metrics(row)
-        if writer is not None:
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    writer.add_scalar(key, value, step)
-            writer.flush()
+    def now(self) -> float:
+        """Seconds of training, the time before a resume included."""
+        return self.elapsed_before + time.perf_counter() - self.started
 
-    if start == 1 and config.eval_sets:
-        log_row(0, evaluate_solver(recipe, config, store, 0))
-    bar = tqdm(range(start, config.steps + 1), initial=start - 1, total=config.steps, desc=config.recipe,
-               disable=not (progress and main), dynamic_ncols=True)
-    last_metrics: dict[str, Any] = {}
-    for step in bar:
+    def begin(self, resume: bool) -> int:
+        """Restore the newest intact checkpoint (``resume``) or check the folder is free; write ``config.yaml`` and
+        open the trackers. Returns the first step to run."""
+        start = 1
+        if resume:
+            loaded = self.store.load_latest_checkpoint(self.models, self.optimizers, self.restore)
+            if loaded:
+                start, self.elapsed_before = loaded[0] + 1, loaded[1]["time_s"]
+            distributed.barrier()  # every rank has read the checkpoint before rank 0 trims what follows it
+            if self.main:
+                self.store.truncate_after(start - 1 if loaded else -1)
+        else:
+            if self.main:
+                check_run_dir(self.store.root)  # a new run only in an empty or absent folder
+            distributed.barrier()  # rank 0 has checked before it writes
+        if self.main:  # on resume too, so that --set overrides (more steps) are what a later plain --resume reads
+            self.store.root.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.store.root / "config.yaml", to_yaml(self.config))
+            self.tracker = open_trackers(self.config.report_to, self.store.root, self.config.model_dump(mode="json"),
+                                         resume=resume, start=start)
+            if resume:
+                self.tracker.resumed(self.store.metrics())  # the rows before the resume point, for a tracker that
+                # lost the last ones
+        self.started = time.perf_counter()
+        return start
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """The loop's and the recipe's part of a checkpoint (a KeyError, TypeError or ValueError: it is damaged)."""
+        updates_done = {role: state["updates_done"][role] for role in self.trainers}
+        if not isinstance(state["time_s"], (int, float)) or not all(isinstance(n, int) and n >= 0
+                                                                    for n in updates_done.values()):
+            raise ValueError("time_s or updates_done is not a number")
+        self.recipe.load_state_dict(state["loop_recipe"])
+        for role, trainer in self.trainers.items():
+            trainer.updates_done = updates_done[role]
+
+    def log_row(self, step: int, row: dict[str, Any]) -> None:
+        """Append a metrics row (with step and time) to ``metrics.jsonl`` and the trackers."""
+        if self.main:
+            row = {"step": step, "time_s": round(self.now(), 3), **row}
+            self.store.append_metrics(row)
+            self.tracker.log(step, row)
+
+    def train_step(self, step: int) -> StepOutput:
+        """One step of the recipe, its samples written and its metrics row logged."""
         started = time.perf_counter()
-        out = recipe.step(step)
-        for role in trainers:  # a role that sat the step out took 0 optimizer steps: every row has every role
+        out = self.recipe.step(step)
+        for role in self.trainers:  # a role that sat the step out took 0 optimizer steps: every row has every role
             out.metrics.setdefault(f"{role}/optimizer_steps", 0)
         out.metrics["time/step_s"] = time.perf_counter() - started
-        out.metrics.update(recipe.engine_metrics())
+        out.metrics.update(self.recipe.engine_metrics())
         out.metrics.update(pop_bound_counts())  # over-long or unparsable model text, votes over budget (bounds/*)
-        if main:
-            store.write_samples(step, out.samples)
-        log_row(step, out.metrics)
-        last_metrics = out.metrics
-        stop = recipe.finished()  # the method's own end (PasoDoble's max_updates) before config.steps
-        bad = _non_finite_roles(models)
-        if bad:  # stop before evaluating or checkpointing garbage; every checkpoint so far passed this check
-            done = store.checkpoint_steps()
-            kept = f"the last checkpoint, step {done[-1]}, is finite" if done else "no checkpoint was written"
+        if self.main:
+            self.store.write_samples(step, out.samples)
+        self.log_row(step, out.metrics)
+        return out
+
+    def stop_unless_finite(self, step: int) -> None:
+        """NonFiniteWeights if a step left a role's weights NaN or inf, before anything evaluates or checkpoints
+        them (every checkpoint so far passed this check)."""
+        bad = _non_finite_roles(self.models)
+        if bad:
+            done = self.store.checkpoint_steps()
+            kept = (f"the last checkpoint, step {done[-1]}, holds finite weights (checked before it was written, "
+                    f"verified by checksum when read)" if done else "no checkpoint was written")
             raise NonFiniteWeights(f"step {step}: the {' and '.join(bad)} weights are not finite (NaN or inf) after "
                                    f"the update; the run stopped and {kept} (lower train.lr, then --resume "
-                                   f"{store.root} --set train.lr=...)")
-        if config.eval_sets and ((config.eval_every and step % config.eval_every == 0) or step == config.steps
-                                 or stop):
-            eval_row = evaluate_solver(recipe, config, store, step)
-            log_row(step, eval_row)
-            if main:
-                bar.write(f"step {step}: " + "  ".join(f"{k.split('/', 1)[1].replace('/accuracy', '')} {v:.3f}"
-                                                       for k, v in eval_row.items() if k.startswith("eval/")))
-        if step % config.checkpoint_every == 0 or step == config.steps or stop:  # every rank: sharded state gathered
-            store.save_checkpoint(step, models, optimizers, {
-                "time_s": now(), "loop_recipe": recipe.state_dict(),
-                "updates_done": {role: t.updates_done for role, t in trainers.items()},
-            }, keep=config.keep_checkpoints)
-        bar.set_postfix({k.split("/", 1)[-1]: round(v, 3) for k, v in out.metrics.items()
+                                   f"{self.store.root} --set train.lr=...)")
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Evaluate the solver and log the row."""
+        row = evaluate_solver(self.recipe, self.config, self.store, step)
+        self.log_row(step, row)
+        return row
+
+    def checkpoint(self, step: int) -> None:
+        """Every rank: a sharded role's state is gathered; rank 0 writes."""
+        self.store.save_checkpoint(step, self.models, self.optimizers, {
+            "time_s": self.now(), "loop_recipe": self.recipe.state_dict(),
+            "updates_done": {role: t.updates_done for role, t in self.trainers.items()},
+        }, keep=self.config.keep_checkpoints)
+
+    def finish(self, last_metrics: dict[str, Any]) -> dict[str, Any]:
+        """Write ``summary.json`` (rank 0) and close the trackers; the summary, or {} on other ranks."""
+        distributed.barrier()
+        if not self.main:
+            return {}
+        rows = self.store.metrics()
+        evals = [r for r in rows if is_evaluation(r)]
+        summary = {
+            "recipe": self.config.recipe, "model": self.config.model, "task": self.config.task,
+            "seed": self.config.seed, "steps": self.config.steps, "steps_run": max([r["step"] for r in rows] or [0]),
+            "wall_s": round(self.now(), 3),
+            "skipped_steps": sum(int(r.get("skipped_steps", 0) or 0) for r in rows if not is_evaluation(r)),
+            "first_eval": evals[0] if evals else None, "final_eval": evals[-1] if evals else None,
+            "last_step_metrics": last_metrics, "torch": torch.__version__, **self.recipe.run_summary(),
+        }
+        atomic_write_text(self.store.root / "summary.json", dumps(summary) + "\n")
+        self.tracker.finish(summary)
+        return summary
+
+
+def run(recipe: Recipe, config: RunConfig, out_dir: str | Path, *, resume: bool = False,
+        progress: bool = True) -> dict[str, Any]:
+    """Train for ``config.steps`` steps in ``out_dir`` (continuing from its last checkpoint if ``resume``):
+    step, log, evaluate every ``eval_every`` steps and at the end, checkpoint every ``checkpoint_every`` steps."""
+    current = _Run(recipe, config, RunStore(out_dir))
+    start = current.begin(resume)
+    if start == 1 and config.eval_sets:
+        current.evaluate(0)
+    bar = tqdm(range(start, config.steps + 1), initial=start - 1, total=config.steps, desc=config.recipe,
+               disable=not (progress and current.main), dynamic_ncols=True)
+    metrics: dict[str, Any] = {}
+    for step in bar:
+        metrics = current.train_step(step).metrics
+        stop = recipe.finished()  # the method's own end (PasoDoble's max_updates) before config.steps
+        current.stop_unless_finite(step)
+        last = step == config.steps or stop
+        if config.eval_sets and ((config.eval_every and step % config.eval_every == 0) or last):
+            row = current.evaluate(step)
+            if current.main:
+                bar.write(f"step {step}: {accuracy_line(row)}")
+        if step % config.checkpoint_every == 0 or last:
+            current.checkpoint(step)
+        bar.set_postfix({k.split("/", 1)[-1]: round(v, 3) for k, v in metrics.items()
                          if k.endswith("reward_mean") and isinstance(v, float)})
         if stop:
             break
     bar.close()
-    if writer is not None:
-        writer.close()
-    distributed.barrier()
-    if not main:
-        return {}
-    rows = store.metrics()
-    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
-    summary = {
-        "recipe": config.recipe, "model": config.model, "task": config.task, "seed": config.seed,
-        "steps": config.steps, "steps_run": max([r["step"] for r in rows] or [0]), "wall_s": round(now(), 3),
-        "skipped_steps": sum(int(r.get("skipped_steps", 0) or 0) for r in rows if "eval/" not in str(r)),
-        "first_eval": evals[0] if evals else None, "final_eval": evals[-1] if evals else None,
-        "last_step_metrics": last_metrics, "torch": torch.__version__, **recipe.run_summary(),
-    }
-    atomic_write_text(store.root / "summary.json", dumps(summary) + "\n")
-    return summary
+    return current.finish(metrics)

@@ -72,4 +72,7 @@ class ProblemPool:
         """Replace the pool's contents with what :meth:`state_dict` returned."""
         self._entries, self._concepts = [], set()
         for item in state["entries"]:
-            self.add([item["text"]], step=int(item["step"]), concepts=[item.get("concepts", [])])
+            concepts = item.get("concepts", [])
+            if not isinstance(item["text"], str) or not all(isinstance(c, str) for c in concepts):
+                raise TypeError("a pool entry's text and concepts must be strings")
+            self.add([item["text"]], step=int(item["step"]), concepts=[concepts])

@@ -1,8 +1,9 @@
 """Typed rows of a run's ``samples/*.jsonl``, and the shared names of its ``metrics.jsonl``.
 
-A recipe builds one row per generator output (:func:`generator_row`) and one per solver rollout (:func:`solver_row`);
-``extra`` holds what only that recipe has (INFUSER's document, R-Zero's cluster, OpenSIR's concepts, ...). Rows are
-written flat: the shared fields, then the extra ones.
+A recipe builds one row per generator output (:func:`generator_row`) and one per solver rollout (:func:`solver_row`),
+the shared fields by name and in ``extra`` what only that recipe has (INFUSER's document, R-Zero's cluster, OpenSIR's
+concepts, ...). A step hands its rows to the loop as :class:`SampleRow` objects; the run store writes them flat, the
+shared fields then the extra ones (:meth:`SampleRow.as_record`).
 
 Metrics a recipe computes about its questions and answers carry the side, not the role's name: ``generator/`` and
 ``solver/reward_mean``, ``generator/`` and ``solver/advantage_abs_mean``, ``tokens/generator`` and ``tokens/solver``,
@@ -14,9 +15,12 @@ the names were pinned read back with today's names (:func:`current_metric_names`
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 from coevolve.rollout.base import Completion
+
+LabelSource = Literal["majority", "generator", "ground_truth"]  # whose answer the solver is rewarded against
+OLD_LABEL_SOURCES = {"proposer": "generator"}  # what older runs wrote for "generator" (PasoDoble's Proposer)
 
 
 @dataclass
@@ -34,7 +38,7 @@ class SampleRow:
     valid: bool
     answer: str | None  # what this completion answered (a generator: its own answer, if it writes one)
     label: str | None  # the label the solver is rewarded against
-    label_source: str  # majority | generator | proposer | ground_truth
+    label_source: LabelSource | None
     solve_rate: float | None
     reward: float | None
     reward_terms: dict[str, Any] | None
@@ -60,23 +64,37 @@ class SampleRow:
             return None if row.get(key) is None else str(row[key])
 
         return cls(
-            step=of("step", int), iteration=of("iteration", int, bool), role=text("role"), phase=text("phase"),
-            prompt=text("prompt"), completion=text("completion"), question=of("question", str),
+            step=of("step", int), iteration=of("iteration", int, bool), role=text("role") or "",
+            phase=text("phase") or "", prompt=text("prompt") or "", completion=text("completion") or "",
+            question=of("question", str),
             question_id=text("question_id"), valid=bool(row.get("valid")), answer=of("answer", str),
-            label=text("label"), label_source=text("label_source"), solve_rate=of("solve_rate", int, float),
+            label=text("label"), label_source=_label_source(row.get("label_source")),
+            solve_rate=of("solve_rate", int, float),
             reward=of("reward", int, float), reward_terms=of("reward_terms", dict),
             advantage=of("advantage", int, float), tokens=of("tokens", int), oracle=of("oracle", dict),
             extra={k: v for k, v in row.items() if k not in _FIELDS})
 
 
-def generator_row(step: int, iteration: int | None, phase: str, output: Completion, **values: Any) -> dict[str, Any]:
-    """A generator output's row; ``values``: the shared fields not read off ``output``, then the recipe's own."""
-    return _row(step, iteration, "generator", phase, output, values)
+def generator_row(step: int, iteration: int | None, phase: str, output: Completion, *, question: str | None,
+                  question_id: str | None, valid: bool, label_source: LabelSource, answer: str | None = None,
+                  label: str | None = None, solve_rate: float | None = None, reward: float | None = None,
+                  reward_terms: dict[str, Any] | None = None, advantage: float | None = None,
+                  oracle: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> SampleRow:
+    """A generator output's row; ``extra``: what only this recipe records (written after the shared fields)."""
+    return SampleRow(step, iteration, "generator", phase, output.prompt, output.text, question, question_id, valid,
+                     answer, label, label_source, solve_rate, reward, reward_terms, advantage, len(output.token_ids),
+                     oracle, extra or {})
 
 
-def solver_row(step: int, iteration: int | None, phase: str, output: Completion, **values: Any) -> dict[str, Any]:
+def solver_row(step: int, iteration: int | None, phase: str, output: Completion, *, question: str | None,
+               question_id: str | None, label_source: LabelSource, answer: str | None = None,
+               label: str | None = None, solve_rate: float | None = None, reward: float | None = None,
+               reward_terms: dict[str, Any] | None = None, advantage: float | None = None,
+               oracle: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> SampleRow:
     """A solver rollout's row (valid: the rollout exists; its answer may not parse)."""
-    return _row(step, iteration, "solver", phase, output, {"valid": True, **values})
+    return SampleRow(step, iteration, "solver", phase, output.prompt, output.text, question, question_id, True,
+                     answer, label, label_source, solve_rate, reward, reward_terms, advantage, len(output.token_ids),
+                     oracle, extra or {})
 
 
 # Names older runs logged -> the pinned names (``proposer/`` was PasoDoble's, ``questioner/`` R-Zero's and Prism's,
@@ -99,14 +117,34 @@ def current_metric_names(row: dict[str, Any]) -> dict[str, Any]:
     return current
 
 
+def evaluation_table(row: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """An evaluation's metrics row (``eval/<set>/accuracy``, strict, and ``eval/<set>/accuracy_lenient``) as
+    set -> {``accuracy``, ``accuracy_lenient``}; empty for a training row."""
+    table: dict[str, dict[str, float]] = {}
+    for key, value in row.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "eval" and parts[2] in ("accuracy", "accuracy_lenient"):
+            table.setdefault(parts[1], {})[parts[2]] = value
+    return table
+
+
+
+def is_evaluation(row: dict[str, Any]) -> bool:
+    """Whether a ``metrics.jsonl`` row is an evaluation's (``eval/<set>/...`` keys), not a training step's."""
+    return any(key.startswith("eval/") for key in row)
+
+
+def accuracy_line(row: dict[str, Any]) -> str:
+    """An evaluation row's accuracies on one line: ``<set> <strict>  <set>_lenient <lenient>`` per set."""
+    return "  ".join(f"{name} {scores['accuracy']:.3f}  {name}_lenient {scores['accuracy_lenient']:.3f}"
+                     for name, scores in evaluation_table(row).items()
+                     if isinstance(scores.get("accuracy"), float) and isinstance(scores.get("accuracy_lenient"), float))
+
+
+def _label_source(value: Any) -> LabelSource | None:
+    """A row's label source read back: today's names, an older name as today's, anything else None."""
+    value = OLD_LABEL_SOURCES.get(str(value), value)
+    return next((source for source in get_args(LabelSource) if value == source), None)
+
+
 _FIELDS = {f.name for f in fields(SampleRow)} - {"extra"}
-_SHARED = {f.name for f in fields(SampleRow)} - {"step", "iteration", "role", "phase", "prompt", "completion", "tokens",
-                                                 "extra"}
-
-
-def _row(step: int, iteration: int | None, role: str, phase: str, output: Completion,
-         values: dict[str, Any]) -> dict[str, Any]:
-    shared = {k: v for k, v in values.items() if k in _SHARED}
-    extra = {k: v for k, v in values.items() if k not in _SHARED}
-    return SampleRow(step, iteration, role, phase, output.prompt, output.text, tokens=len(output.token_ids),
-                     extra=extra, **shared).as_record()

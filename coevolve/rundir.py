@@ -1,23 +1,46 @@
 """Claiming a run directory before a run writes to it.
 
-A new run starts only in an absent or empty folder, or, with ``overwrite``, over an earlier run that holds nothing
-but what a run writes (``RUN_ENTRIES``, which it removes); a resumed run needs the folder's ``config.yaml``. While a run writes, it holds
-an exclusive lock on ``RUN/.lock``, so a second writer is refused. A run that stops before it wrote ``config.yaml``
-leaves the folder as it found it.
+A new run starts only in an absent or empty folder, or, with ``overwrite``, over an earlier run that holds nothing but
+what coevolve writes into a run directory (``RUN_LAYOUT``: names and folders only a run, ``coevolve eval RUN`` or
+``coevolve report`` write). The whole removal is planned before anything is deleted: anything else in the folder or
+in any of its run folders (a user's file, a symlink, a folder where a run writes a file) refuses it with one line
+and nothing is removed; symlinks are never followed. A resumed run needs the folder's ``config.yaml``. While a run
+writes, it holds an exclusive lock on ``RUN/.lock``, so a second writer is refused. A run that stops before it wrote
+``config.yaml`` leaves the folder as it found it.
 """
 
 from __future__ import annotations
 
-import shutil
+import os
+import re
+import stat
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Union
 
 from filelock import FileLock, Timeout
 
 LOCK_NAME = ".lock"
-RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "samples", "checkpoints", "eval", "tb",
-               "report")  # everything `coevolve run`, `eval` and `report` write into a run directory, but the lock
+# A layout maps a name pattern (a full-match regex) to what stands there: FILE, LINK (a symlink a tool makes: removed,
+# never followed), TREE (a folder whose contents a tool writes as it likes: removed whole, symlinks never followed) or
+# the layout of a folder of that name.
+Layout = dict[str, Union[str, "Layout"]]
+FILE, LINK, TREE = "file", "link", "tree"
+_STEP = r"step_\d{6}"
+_EVAL_SET = {"summary.json": FILE, "results.jsonl": FILE}
+RUN_LAYOUT: Layout = {
+    "config.yaml": FILE, "metrics.jsonl": FILE, "summary.json": FILE, "wandb_run.json": FILE,
+    "samples": {rf"{_STEP}\.jsonl": FILE},
+    "checkpoints": {rf"(damaged_)?{_STEP}": {r"[\w-]+(\.optim)?\.safetensors|state\.json|checksums\.json": FILE},
+                    rf"\.{_STEP}\.\w+": {r"[^/]+": FILE}},  # a checkpoint that never finished writing
+    "eval": {rf"{_STEP}|model": {"summary.json": FILE, r"[\w.-]+": _EVAL_SET}},
+    "tb": {r"events\.out\.tfevents\.[^/]+": FILE},
+    "report": {r"report\.html|[\w-]+\.png": FILE},
+    "analytics": {"curriculum.json": FILE, "embeddings.npz": FILE,
+                  "cluster_space": {"centroids.npy": FILE, "cluster_space.json": FILE}},
+    "wandb": {r"(offline-)?run-\d{8}_\d{6}-\w+": TREE, r"latest-run|debug\.log|debug-internal\.log": LINK},
+}  # everything `coevolve run`, `eval RUN` and `report` write into a run directory, but the lock
 
 
 class RunDirError(RuntimeError):
@@ -37,6 +60,49 @@ def _holds_run(folder: Path) -> bool:
         return False
 
 
+def _written_by_coevolve(name: str, layout: Layout) -> str | Layout | None:
+    """What ``layout`` expects under ``name`` (FILE or a folder's layout), or None for a name no run writes. An
+    atomic write's leftover temporary file (``.<name>.<random>``) counts as the file it was writing."""
+    for pattern, kind in layout.items():
+        if re.fullmatch(pattern, name):
+            return kind
+    if name.startswith("."):  # an atomic write's temporary file: .<name>.<suffixes>
+        parts = name[1:].split(".")
+        if any(_written_by_coevolve(".".join(parts[:i]), layout) == FILE for i in range(1, len(parts))):
+            return FILE
+    return None
+
+
+def removal_plan(folder: Path, layout: Layout = RUN_LAYOUT) -> tuple[list[Path], list[str]]:
+    """What removing an earlier run from ``folder`` would delete: (paths in deletion order, files before their
+    folders; entries no run writes, relative to ``folder``). Reads only; symlinks are never followed: a symlink is
+    foreign unless the layout names a tool's own link there (W&B's), which is removed, not followed."""
+    remove: list[Path] = []
+    foreign: list[str] = []
+
+    def walk(path: Path, layout: Layout | None, relative: str) -> None:
+        """``layout`` None: a TREE's contents, all removed."""
+        with os.scandir(path) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                if entry.name == LOCK_NAME and path == folder:
+                    continue
+                expected = TREE if layout is None else _written_by_coevolve(entry.name, layout)
+                mode = entry.stat(follow_symlinks=False).st_mode
+                name = f"{relative}{entry.name}"
+                if (expected == FILE and stat.S_ISREG(mode)) or (expected in (LINK, TREE) and stat.S_ISLNK(mode)) \
+                        or (expected == TREE and not stat.S_ISDIR(mode)):
+                    remove.append(Path(entry.path))
+                elif (isinstance(expected, dict) or expected == TREE) and stat.S_ISDIR(mode):
+                    walk(Path(entry.path), expected if isinstance(expected, dict) else None, f"{name}/")
+                    remove.append(Path(entry.path))
+                else:
+                    foreign.append(name + ("/" if stat.S_ISDIR(mode) else " (a symlink)" if stat.S_ISLNK(mode)
+                                           else ""))
+
+    walk(folder, layout, "")
+    return remove, foreign
+
+
 def check_run_dir(folder: Path, *, resume: bool = False, overwrite: bool = False) -> None:
     """Raise :class:`RunDirError` unless a run may write to ``folder`` (reads only; nothing is created)."""
     if resume:
@@ -48,8 +114,8 @@ def check_run_dir(folder: Path, *, resume: bool = False, overwrite: bool = False
         if not parent.is_dir():
             raise RunDirError(f"--out {folder}: {parent} is a file, not a folder")
         return
-    if not folder.is_dir():
-        raise RunDirError(f"--out {folder} is a file, not a folder")
+    if not folder.is_dir() or folder.is_symlink():
+        raise RunDirError(f"--out {folder} is {'a symlink' if folder.is_symlink() else 'a file'}, not a folder")
     entries = sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)
     if not entries:
         return
@@ -59,14 +125,23 @@ def check_run_dir(folder: Path, *, resume: bool = False, overwrite: bool = False
     if not overwrite:
         raise RunDirError(f"{folder} already holds a run: continue it with --resume {folder}, replace it with "
                           f"--overwrite, or choose another --out")
-    foreign = [name for name in entries if name not in RUN_ENTRIES]
+    _, foreign = removal_plan(folder)
     if foreign:
         raise RunDirError(f"--overwrite removes only what a run wrote, and {folder} also holds {_names(foreign)}: "
-                          f"move that away or choose another --out")
+                          f"move that away or choose another --out; nothing was removed")
 
 
 def _names(entries: list[str]) -> str:
-    return ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    return ", ".join(entries[:4]) + (f", ... ({len(entries)} in all)" if len(entries) > 4 else "")
+
+
+def remove_planned(paths: list[Path]) -> None:
+    """Delete what :func:`removal_plan` listed: files unlinked, then their (by then empty) folders removed."""
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            path.rmdir()
+        else:
+            path.unlink()
 
 
 @contextmanager
@@ -91,12 +166,7 @@ def claim_run_dir(folder: Path, *, resume: bool = False, overwrite: bool = False
     try:
         check_run_dir(folder, resume=resume, overwrite=overwrite)  # again, now that no other writer can change it
         if overwrite and not resume:
-            for name in RUN_ENTRIES:
-                path = folder / name
-                if path.is_dir():
-                    shutil.rmtree(path)
-                elif path.exists():
-                    path.unlink()
+            remove_planned(removal_plan(folder)[0])
         yield
     finally:
         if not (folder / "config.yaml").exists():  # the run never started: no lock file or new folder left behind

@@ -10,14 +10,18 @@ Layout::
     RUN/tb/                         TensorBoard event files
     RUN/summary.json                written when the run finishes
 
-A step counts as completed once its checkpoint directory exists: it is written under a temporary name, its files
-and folder are fsynced, and it is renamed into place. On resume, a damaged checkpoint (a missing, truncated or
-unreadable file) is named in one warning and set aside, the run continues from the newest intact one, and metric rows
-and sample files of later steps are removed, so no step is lost or repeated.
+A step counts as completed once its checkpoint directory exists: it is written under a temporary name with the
+SHA-256 of each of its files (``checksums.json``), its files and folder are fsynced, and it is renamed into place. A
+checkpoint is verified before anything is read from it (on resume, by ``coevolve eval RUN`` and by ``coevolve
+export``): every file present, as long as its header says and with its recorded checksum, ``state.json`` and the
+recipe's state readable, and the weights finite. On resume a damaged checkpoint is named in one warning and set
+aside, the run continues from the newest intact one, and metric rows and sample files of later steps are removed, so
+no step is lost or repeated.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -26,22 +30,25 @@ import re
 import shutil
 import struct
 import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from coevolve import distributed
 from coevolve.jsonio import atomic_write_text, dumps, fsync_path, read_jsonl
-from coevolve.records import current_metric_names
+from coevolve.records import SampleRow, current_metric_names
 
 log = logging.getLogger(__name__)
 
 STEP_DIR = "step_{:06d}"
 _STEP_NAME = re.compile(r"step_(\d+)")
 _STATE_KEYS = ("step", "optimizers", "python_rng", "numpy_rng", "recipe")
+CHECKSUMS = "checksums.json"  # {file name: SHA-256 hex digest} of every other file of a checkpoint
 
 
 class CheckpointDamaged(RuntimeError):
@@ -71,9 +78,9 @@ class RunStore:
         """The rows of ``metrics.jsonl``, with today's metric names."""
         return [current_metric_names(row) for row in read_jsonl(self.metrics_path)]
 
-    def write_samples(self, step: int, records: Iterable[Mapping[str, Any]]) -> None:
-        """Write the samples of one step (atomically, one file per step)."""
-        text = "".join(dumps(r) + "\n" for r in records)
+    def write_samples(self, step: int, rows: Iterable[SampleRow]) -> None:
+        """Write the sample rows of one step as JSON lines (atomically, one file per step)."""
+        text = "".join(dumps(row.as_record()) + "\n" for row in rows)
         atomic_write_text(self.samples_dir / f"{STEP_DIR.format(step)}.jsonl", text)
 
     def samples(self, step: int) -> list[dict]:
@@ -103,23 +110,14 @@ class RunStore:
         self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
         final = self.checkpoints_dir / STEP_DIR.format(step)
         tmp = Path(tempfile.mkdtemp(dir=self.checkpoints_dir, prefix=f".{final.name}."))
-        for role, model in models.items():
-            if role in gathered:
-                save_file(gathered[role][0], str(tmp / f"{role}.safetensors"))
-            else:
-                save_model(model, str(tmp / f"{role}.safetensors"))
-        optimizer_meta = {}
-        for role, optimizer in optimizers.items():
-            tensors, meta = _flatten_optimizer(gathered[role][1] if role in gathered else optimizer.state_dict())
-            save_file(tensors, str(tmp / f"{role}.optim.safetensors"))
-            optimizer_meta[role] = meta
-        save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-        full_state = {"step": step, "optimizers": optimizer_meta, "python_rng": _py_rng_state(),
-                      "numpy_rng": _np_rng_state(), "recipe": state}
-        (tmp / "state.json").write_text(dumps(full_state), encoding="utf-8")
-        for path in tmp.iterdir():
-            fsync_path(path)
-        fsync_path(tmp)
+        try:
+            _write_checkpoint(tmp, step, {role: gathered[role][0] if role in gathered else model
+                                          for role, model in models.items()},
+                              {role: gathered[role][1] if role in gathered else optimizer.state_dict()
+                               for role, optimizer in optimizers.items()}, state)
+        except BaseException:  # a full disk, an interrupt: no half-written folder left behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -128,15 +126,29 @@ class RunStore:
             shutil.rmtree(self.checkpoints_dir / STEP_DIR.format(old), ignore_errors=True)
         return final
 
+    def checkpoint_roles(self, step: int) -> list[str]:
+        """The roles whose weights checkpoint ``step`` holds (``<role>.safetensors``), sorted."""
+        folder = self.checkpoints_dir / STEP_DIR.format(step)
+        return sorted(p.name.removesuffix(".safetensors") for p in folder.glob("*.safetensors")
+                      if not p.name.endswith(".optim.safetensors") and p.name != "rng.safetensors")
+
     def load_latest_checkpoint(self, models: Mapping[str, torch.nn.Module],
-                               optimizers: Mapping[str, torch.optim.Optimizer]) -> tuple[int, dict[str, Any]] | None:
-        """Restore the newest intact checkpoint (see :meth:`load_checkpoint`): (its step, the recipe's saved state), or
-        None when there is no checkpoint. Damaged newer ones are named in one warning; with none intact,
-        :class:`CheckpointDamaged` names them all."""
+                               optimizers: Mapping[str, torch.optim.Optimizer],
+                               restore: Callable[[dict[str, Any]], None] = lambda state: None,
+                               ) -> tuple[int, dict[str, Any]] | None:
+        """Restore the newest intact checkpoint (see :meth:`load_checkpoint`) and hand the recipe's saved state to
+        ``restore``: (its step, that state), or None when there is no checkpoint. A checkpoint whose state
+        ``restore`` cannot read (a KeyError, TypeError, ValueError, ...) is damaged too. Damaged newer ones are named
+        in one warning; with none intact, :class:`CheckpointDamaged` names them all."""
         damaged = []
         for step in reversed(self.checkpoint_steps()):
             try:
                 state = self.load_checkpoint(step, models, optimizers)
+                try:
+                    restore(state)
+                except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+                    raise CheckpointDamaged(f"{STEP_DIR.format(step)}/state.json: unreadable recipe state "
+                                            f"({type(exc).__name__}: {exc})") from exc
             except CheckpointDamaged as exc:
                 damaged.append(str(exc))
                 continue
@@ -152,11 +164,11 @@ class RunStore:
                         optimizers: Mapping[str, torch.optim.Optimizer]) -> dict[str, Any]:
         """Restore weights, optimizer and RNG state in place; returns the recipe's saved state.
 
-        Every file is checked first (present, complete, readable); a damaged one raises :class:`CheckpointDamaged`
+        The checkpoint is verified first (:meth:`verify_checkpoint`); a damaged one raises :class:`CheckpointDamaged`
         before anything is restored. Restoring an intact checkpoint overwrites all of that state, so a fall-back to an
         older one after a failure is complete."""
-        folder = self.checkpoints_dir / STEP_DIR.format(step)
-        state = _checked_state(folder, models, optimizers)
+        folder = self.verify_checkpoint(step, models, optimizers)
+        state = json.loads((folder / "state.json").read_bytes())
         for role, model in models.items():
             if distributed.is_sharded(model):
                 distributed.load_full_model_state(model, load_file(str(folder / f"{role}.safetensors")))
@@ -181,6 +193,42 @@ class RunStore:
             raise CheckpointDamaged(f"{folder.name}: unreadable RNG state ({type(exc).__name__}: {exc})") from exc
         return state["recipe"]
 
+    def verify_checkpoint(self, step: int, models: Iterable[str] | None = None, optimizers: Iterable[str] = ()) -> Path:
+        """The folder of step ``step``'s checkpoint, verified for reading the weights of ``models`` (role names;
+        None: every role it holds) and the optimizer state of ``optimizers``: ``state.json`` parses and has the
+        checkpoint's keys, every file is present and as long as its header says, every file has the SHA-256 that
+        ``checksums.json`` recorded (a checkpoint written before checksums were recorded has none to check), and the
+        weights are finite. Raises :class:`CheckpointDamaged` (one line naming the file) otherwise; the check every
+        reader of a checkpoint makes first (resume, ``coevolve eval RUN``, ``coevolve export``)."""
+        folder = self.checkpoints_dir / STEP_DIR.format(step)
+        models = self.checkpoint_roles(step) if models is None else list(models)
+        optimizers = list(optimizers)
+        if not folder.is_dir():
+            raise CheckpointDamaged(f"{folder.name} does not exist (checkpoints: {self.checkpoint_steps()})")
+        try:
+            state = json.loads((folder / "state.json").read_bytes().decode("utf-8"))
+        except (OSError, ValueError) as exc:  # missing, unreadable, invalid UTF-8 or JSON
+            raise CheckpointDamaged(f"{folder.name}/state.json unreadable ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(state, dict) or any(key not in state for key in _STATE_KEYS) \
+                or not isinstance(state["optimizers"], dict) or any(role not in state["optimizers"]
+                                                                    for role in optimizers):
+            raise CheckpointDamaged(f"{folder.name}/state.json lacks the checkpoint's keys")
+        files = [f"{role}.safetensors" for role in models] + [f"{role}.optim.safetensors" for role in optimizers]
+        for name in files + ["rng.safetensors"]:
+            problem = _safetensors_problem(folder / name)
+            if problem:
+                raise CheckpointDamaged(f"{folder.name}/{name} {problem}")
+        _check_digests(folder)
+        for role in models:
+            try:
+                bad = _non_finite_tensor(folder / f"{role}.safetensors")
+            except Exception as exc:  # safetensors' own error types for a header it cannot read
+                raise CheckpointDamaged(f"{folder.name}/{role}.safetensors unreadable ({type(exc).__name__})") from exc
+            if bad:
+                raise CheckpointDamaged(f"{folder.name}/{role}.safetensors holds non-finite values (NaN or inf) in "
+                                        f"{bad}")
+        return folder
+
     def truncate_after(self, step: int) -> None:
         """Forget everything logged after ``step`` (metrics rows, samples, eval outputs, partial checkpoints); later
         checkpoints (damaged ones, since ``step`` is the newest intact) are renamed ``damaged_step_NNNNNN``."""
@@ -203,21 +251,72 @@ class RunStore:
                 os.replace(self.checkpoints_dir / STEP_DIR.format(later), aside)
 
 
-def _checked_state(folder: Path, models: Mapping[str, Any], optimizers: Mapping[str, Any]) -> dict[str, Any]:
-    """The parsed ``state.json`` of a checkpoint whose files are all present and complete, else CheckpointDamaged."""
+def file_sha256(path: Path) -> str:
+    """SHA-256 hex digest of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_checkpoint(folder: Path, step: int, weights: Mapping[str, torch.nn.Module | dict[str, torch.Tensor]],
+                      optimizer_states: Mapping[str, Mapping[str, Any]], state: Mapping[str, Any]) -> None:
+    """Write a checkpoint's files into ``folder`` (a module's or a gathered state dict's weights per role, optimizer
+    states, RNG states, the recipe's state), then their checksums, and fsync them all."""
+    for role, source in weights.items():
+        if isinstance(source, torch.nn.Module):
+            save_model(source, str(folder / f"{role}.safetensors"))
+        else:
+            save_file(source, str(folder / f"{role}.safetensors"))
+    optimizer_meta = {}
+    for role, optimizer_state in optimizer_states.items():
+        tensors, optimizer_meta[role] = _flatten_optimizer(optimizer_state)
+        save_file(tensors, str(folder / f"{role}.optim.safetensors"))
+    save_file({"torch": torch.get_rng_state()}, str(folder / "rng.safetensors"))
+    full_state = {"step": step, "optimizers": optimizer_meta, "python_rng": _py_rng_state(),
+                  "numpy_rng": _np_rng_state(), "recipe": state}
+    (folder / "state.json").write_text(dumps(full_state), encoding="utf-8")
+    (folder / CHECKSUMS).write_text(dumps({path.name: file_sha256(path) for path in sorted(folder.iterdir())}),
+                                    encoding="utf-8")
+    for path in folder.iterdir():
+        fsync_path(path)
+    fsync_path(folder)
+
+
+def _check_digests(folder: Path) -> None:
+    """CheckpointDamaged unless every file ``checksums.json`` lists has its digest and every safetensors file and
+    ``state.json`` is listed (a checkpoint without ``checksums.json`` predates them: nothing to check)."""
+    path = folder / CHECKSUMS
+    if not path.exists():
+        return
     try:
-        state = json.loads((folder / "state.json").read_bytes().decode("utf-8"))
-    except (OSError, ValueError) as exc:  # missing, unreadable, invalid UTF-8 or JSON
-        raise CheckpointDamaged(f"{folder.name}/state.json unreadable ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(state, dict) or any(key not in state for key in _STATE_KEYS) \
-            or not isinstance(state["optimizers"], dict) or any(role not in state["optimizers"] for role in optimizers):
-        raise CheckpointDamaged(f"{folder.name}/state.json lacks the checkpoint's keys")
-    files = [f"{role}.safetensors" for role in models] + [f"{role}.optim.safetensors" for role in optimizers]
-    for name in files + ["rng.safetensors"]:
-        problem = _safetensors_problem(folder / name)
-        if problem:
-            raise CheckpointDamaged(f"{folder.name}/{name} {problem}")
-    return state
+        recorded = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+            raise ValueError("not a mapping of file names to digests")
+    except (OSError, ValueError) as exc:
+        raise CheckpointDamaged(f"{folder.name}/{CHECKSUMS} unreadable ({type(exc).__name__}: {exc})") from exc
+    present = {p.name for p in folder.iterdir() if p.name.endswith(".safetensors") or p.name == "state.json"}
+    unlisted = sorted(present - set(recorded))
+    if unlisted:
+        raise CheckpointDamaged(f"{folder.name}/{unlisted[0]} is not in {CHECKSUMS}")
+    for name, digest in sorted(recorded.items()):
+        file = folder / Path(name).name
+        if not file.is_file():
+            raise CheckpointDamaged(f"{folder.name}/{name} missing")
+        if file_sha256(file) != digest:
+            raise CheckpointDamaged(f"{folder.name}/{name} does not match its checksum (the file changed after it "
+                                    f"was written)")
+
+
+def _non_finite_tensor(path: Path) -> str | None:
+    """The name of the first floating-point tensor of a safetensors file with NaN or inf values, or None."""
+    with safe_open(str(path), framework="pt") as handle:
+        for name in handle.keys():
+            tensor = handle.get_tensor(name)
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                return name
+    return None
 
 
 def _safetensors_problem(path: Path) -> str | None:
@@ -276,36 +375,3 @@ def _tuple_state(saved: list) -> tuple:
 def _np_rng_state() -> list:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
-
-
-def load_run_policy(target: str, checkpoint: int | None = None, *, trust_remote_code: bool = False):
-    """A model to evaluate: a run directory's checkpoint (latest unless ``checkpoint``), else a model name/path.
-
-    The model's own code runs only with ``trust_remote_code`` (the caller's flag), whatever the run's config says.
-    Returns (policy, the run's evaluation sets or None, a label for output folders).
-    """
-    from coevolve.config import load_yaml
-    from coevolve.models import load_policy
-
-    root = Path(target)
-    if not (root / "config.yaml").exists():
-        return load_policy(target, trust_remote_code=trust_remote_code), None, "model"
-    config = load_yaml(root / "config.yaml")
-    store = RunStore(root)
-    steps = store.checkpoint_steps()
-    if not steps:
-        raise FileNotFoundError(f"{root} has no completed checkpoint yet")
-    step = steps[-1] if checkpoint is None else checkpoint
-    folder = store.checkpoints_dir / STEP_DIR.format(step)
-    if not folder.exists():
-        raise FileNotFoundError(f"{root} has no checkpoint for step {step} (have: {steps})")
-    role = "solver" if (folder / "solver.safetensors").exists() else "policy"
-    policy = load_policy(config["model"], trust_remote_code=trust_remote_code)
-    lora = (config.get("train") or {}).get("lora")
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        policy.model = get_peft_model(policy.model, LoraConfig(task_type="CAUSAL_LM", **lora))
-    load_model(policy.model, str(folder / f"{role}.safetensors"))
-    policy.model.eval()
-    return policy, config.get("eval_sets"), STEP_DIR.format(step)

@@ -1,23 +1,88 @@
-"""Shared fixtures: small random models with the tiny-arith tokenizer (no pretraining, no network)."""
+"""Shared fixtures: small random models with the tiny-arith tokenizer (no pretraining, no network); a hermetic home.
+
+The suite never reads or writes the user's home: before anything else, the first pytest process of a session points
+HOME, the XDG folders, COEVOLVE_CACHE (built models, cluster spaces) and the Hugging Face and matplotlib caches at a
+fresh folder of its own (its workers inherit them), removes it at the end, and fails the session if anything under the
+real home's caches changed while it ran.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
-import torch
+
+HERMETIC_HOME = "COEVOLVE_TEST_HOME"  # set by the session's first process; its pytest-xdist workers inherit it
+GUARDED = (".cache", ".config", ".triton", ".local/share")  # the real home's caches and settings, pip's cache aside
+
+
+def _home_snapshot(home: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file under the guarded folders of ``home``, without following symlinks."""
+    files = {}
+    for part in GUARDED:
+        for folder, dirs, names in os.walk(home / part):
+            if Path(folder) == home / ".cache":
+                dirs[:] = [d for d in dirs if d != "pip"]
+            for name in names:
+                path = Path(folder, name)
+                try:
+                    info = path.lstat()
+                except OSError:
+                    continue
+                files[str(path)] = (info.st_size, info.st_mtime_ns)
+    return files
+
+
+def _use_a_session_home() -> tuple[Path, Path] | None:
+    """Point every home-relative location at a fresh folder; (that folder, the real home), or None in a worker."""
+    if os.environ.get(HERMETIC_HOME):
+        return None
+    real, root = Path.home(), Path(tempfile.mkdtemp(prefix="coevolve-tests-"))
+    home = root / "home"
+    for name, path in (("HOME", home), ("XDG_CACHE_HOME", home / ".cache"), ("XDG_CONFIG_HOME", home / ".config"),
+                       ("XDG_DATA_HOME", home / ".local" / "share"), ("COEVOLVE_CACHE", root / "coevolve"),
+                       ("HF_HOME", root / "huggingface"), ("MPLCONFIGDIR", root / "matplotlib"),
+                       ("TORCHINDUCTOR_CACHE_DIR", root / "torchinductor")):
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ[name] = str(path)
+    os.environ[HERMETIC_HOME] = str(root)
+    return root, real
+
+
+_SESSION_HOME = _use_a_session_home()
+_REAL_HOME_BEFORE = _home_snapshot(_SESSION_HOME[1]) if _SESSION_HOME else None
+
+import torch  # noqa: E402  (after the environment above: libraries read their cache folders when imported)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)  # the test models are tiny: one thread is as fast and never oversubscribes
 
 
-# The files that take minutes (two-step loops on a 135M chat model), longest first: each xdist worker starts on one
-# while the other files fill in around them (pyproject's --no-loadscope-reorder keeps this order; xdist's default
-# reorders files by their number of tests, which sent these 2- and 4-test files last and left one worker idle at the
-# end). A worker whose file has 2 tests or fewer left takes the next file, so a third long file here would land
-# beside the first.
-LONG_FILES = ("test_real_lm_warmup_loop.py", "test_real_lm_loop.py")
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The session's first process: fail if the real home's caches changed, then remove the session's home."""
+    if _SESSION_HOME is None:
+        return
+    root, real = _SESSION_HOME
+    after = _home_snapshot(real)
+    changed = sorted(set(after.items()) ^ set(_REAL_HOME_BEFORE.items()))
+    if changed:
+        names = sorted({path for path, _ in changed})
+        session.config.get_terminal_writer().line(
+            f"\nerror: the tests changed {len(names)} file(s) under the real home {real}: {', '.join(names[:5])}",
+            red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# The files that take minutes (two-step loops on a 135M chat model, vLLM on 2 processes), longest first: each xdist
+# worker starts on one while the other files fill in around them (pyproject's --no-loadscope-reorder keeps this order;
+# xdist's default reorders files by their number of tests, which sent the 2- and 4-test real-LM files last and left one
+# worker idle at the end). A worker whose file has 2 tests or fewer left takes the next file, so the third file here
+# queues behind the first (2 tests) on its worker instead of starting last.
+LONG_FILES = ("test_real_lm_warmup_loop.py", "test_real_lm_loop.py", "test_vllm_processes.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

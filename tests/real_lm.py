@@ -43,7 +43,8 @@ WARMUP = {"pasodoble": {"examples": 32, "steps": 16, "batch_size": 2, "lr": 5e-5
 
 
 def two_steps(recipe: str, model_dir: str, tmp_path) -> list[dict]:
-    """The metrics rows of a two-step run of ``recipe`` on ``model_dir`` (after its format warm-up, where it has one)."""
+    """The metrics rows of a two-step run of ``recipe`` on ``model_dir`` (after its format warm-up, where it has
+    one)."""
     from coevolve.loop import run
     from coevolve.recipes import resolve
     from coevolve.sft import resolve_sft, run_sft

@@ -76,7 +76,8 @@ def make_fake_run(root: Path, *, steps: int = 10, iterations: int = 2, seed: int
                     "step": step, "iteration": it, "role": "solver", "phase": "solve", "prompt": q,
                     "completion": f"\\boxed{{{answer}}}", "question": q, "question_id": f"s{step}-g{i}",
                     "valid": True, "answer": answer, "label": label, "label_source": "majority",
-                    "solve_rate": None, "reward": float(answer == label), "reward_terms": {"accuracy": float(answer == label)},
+                    "solve_rate": None, "reward": float(answer == label),
+                    "reward_terms": {"accuracy": float(answer == label)},
                     "advantage": rng.gauss(0, 1), "tokens": rng.randint(5, 20),
                     "oracle": {"answer": true, "level": 1 + i % 3, "label_correct": i >= 2, "correct": answer == true},
                 })

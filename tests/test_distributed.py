@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from export_checks import assert_round_trip, assert_same_export
 from run_checks import (
     COEVOLVE,
     DYNAMIC_RL_RUN,
+    UPDATE_GAP,
     assert_same_training,
     kill_process_tree,
     launch,
@@ -53,6 +55,7 @@ def test_two_processes_train_the_same_weights_as_one(dynamic_rl_run, small_tiny_
         print(f"\n2 processes vs 1, dynamic_rl 3 steps: |difference| / |update| = {gaps['weights']:.2e} (weights), "
               f"{gaps['adam']:.2e} (AdamW moments)")
     assert [r["step"] for r in train_rows(out)] == [1, 2, 3]  # rank 0 alone wrote the metrics
+    assert_same_export(dynamic_rl_run, out, tmp_path, UPDATE_GAP)  # and the same folder comes out of it
 
 
 @pytest.mark.slow
@@ -83,9 +86,14 @@ def test_fsdp_run_killed_and_resumed_trains_the_same_weights_as_one(dynamic_rl_r
     assert samples(out) == samples(dynamic_rl_run)  # sampling and evaluation ran on gathered weights
     # the gathered checkpoint has the one-process files' names; gradients summed into the shards, not averaged
     gaps = assert_same_training(dynamic_rl_run, out, small_tiny_arith[1], POLICY)
+    # exported, the sharded run is the folder the one-process run exports: the same files, the same weights up to the
+    # training gap above, and transformers, vLLM and `coevolve eval` read it back to what coevolve evaluates
+    sharded = assert_same_export(dynamic_rl_run, out, tmp_path, UPDATE_GAP)
+    gap = assert_round_trip(out, 3, sharded, tmp_path)
     with capsys.disabled():
         print(f"\nFSDP on 2 processes (killed, resumed) vs 1, dynamic_rl 3 steps: |difference| / |update| = "
-              f"{gaps['weights']:.2e} (weights), {gaps['adam']:.2e} (AdamW moments)")
+              f"{gaps['weights']:.2e} (weights), {gaps['adam']:.2e} (AdamW moments); its export's transformers "
+              f"log-probs within {gap:.1e} of coevolve's")
 
 
 @pytest.mark.slow
@@ -158,7 +166,10 @@ def test_impossible_settings_are_one_line_exit_2(tmp_path, random_model_dir):
     from coevolve.cli import app
 
     cases = [(["--set", "train.lora.target_modules=[no_such_proj]"], "train.lora.target_modules"),
-             (["--set", "rollout.engine=vllm", "--processes", "2"], "rollout.engine"),
+             (["--set", "rollout.engine=vllm", "--set", "rollout.vllm.tensor_parallel_size=2"],
+              "rollout.vllm.tensor_parallel_size"),
+             (["--set", "rollout.engine=vllm", "--set", "rollout.vllm.tensor_parallel_size=2", "--processes", "3"],
+              "rollout.vllm.tensor_parallel_size"),
              (["--set", "train.fsdp=true"], "train.fsdp"),
              (["--set", "train.fsdp=true", "--set", "train.lora.r=4", "--processes", "2"], "train.fsdp")]
     if not torch.cuda.is_available():

@@ -8,12 +8,13 @@ from collections import defaultdict
 
 import pytest
 import torch
+from helpers import records
 
+from coevolve.formats import Generation
 from coevolve.recipes import resolve
 from coevolve.recipes.dynamic_rl import Z0, DynamicRL, parse_paper_question
 from coevolve.rollout import Completion
 from coevolve.rollout.hf import encode_prompt
-from coevolve.tasks.arith import ParsedQuestion
 from coevolve.tasks.math import INSTRUCTION
 
 
@@ -49,6 +50,12 @@ def make_recipe(model_dir, *sets: str) -> DynamicRL:
     return cls(config, params)
 
 
+def roles_of(recipe: DynamicRL, samples) -> list[str]:
+    """The role each update sample was trained as: a question's prompt is z_0, a solution's is its question's."""
+    z0 = encode_prompt(recipe.policy.tokenizer, recipe.z0)
+    return ["generator" if s.prompt_ids == z0 else "solver" for s in samples]
+
+
 def spy_updates(recipe: DynamicRL) -> list:
     """Record the samples of every policy update (the update itself still runs)."""
     batches, update = [], recipe.trainer.update
@@ -77,7 +84,8 @@ ARITH_SCRIPT = {
 # labels 3, 7, 3, NONE:            R_da = [1/2, 1, 1/2, 1]
 # q3 is malformed, so it takes the minimum over q0-q2 of each diversity term (our reading): R_dq 3/7, R_da 1/2.
 R_Q, R_DQ, R_DA = [1.0, 0.0, 1 / 3, 0.0], [3 / 7, 3 / 7, 3 / 5, 3 / 7], [0.5, 1.0, 0.5, 0.5]
-# Z(R_q):  mean 1/3, centred [2/3, -1/3, 0, -1/3], unbiased std sqrt((6/9)/3) = 0.471405 -> [1.414214, -0.707107, 0, -0.707107]
+# Z(R_q):  mean 1/3, centred [2/3, -1/3, 0, -1/3], unbiased std sqrt((6/9)/3) = 0.471405
+#          -> [1.414214, -0.707107, 0, -0.707107]
 # Z(R_dq): three values a = 3/7 and one b = 3/5, d = b - a: centred [-d/4, -d/4, 3d/4, -d/4], unbiased std d/2
 #          -> [-1/2, -1/2, 3/2, -1/2]
 # Z(R_da): three 1/2 and one 1 (q1), same shape -> [-1/2, 3/2, -1/2, -1/2]
@@ -100,8 +108,8 @@ def canned_arith(random_model_dir):
 def test_one_step_by_hand(canned_arith):
     batches = spy_updates(canned_arith)
     out = canned_arith.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     assert len(gens) == 4 and len(sols) == 12
     assert [g["question"] for g in gens] == ["1+2", "1+2*3", "5-2", None]
     assert [g["valid"] for g in gens] == [True, True, True, False]
@@ -125,8 +133,7 @@ def test_one_step_by_hand(canned_arith):
     assert [s["oracle"]["correct"] for s in sols[8:]] == [True, False, None, False]
     # one update of the single policy; Eq. 14's two means: A_q scaled by 16/4, A_s by 16/12 in the pooled batch
     assert len(batches) == 1
-    roles = [s.role for s in batches[0]]
-    assert roles == ["generator"] * 4 + ["solver"] * 12
+    assert roles_of(canned_arith, batches[0]) == ["generator"] * 4 + ["solver"] * 12
     assert [s.advantage for s in batches[0][:4]] == pytest.approx([4 * a for a in A_Q], abs=1e-4)
     assert [s.advantage for s in batches[0][4:]] == pytest.approx([4 / 3 * a for a in sum(A_S, [])], abs=1e-4)
     # question advantages go on the question tokens (the z_0 completion), solution advantages on solution tokens
@@ -138,7 +145,8 @@ def test_one_step_by_hand(canned_arith):
     assert m["reward/R_s"] == pytest.approx(8 / 12) and m["solver/reward_mean"] == pytest.approx(8 / 12)
     assert m["generator/reward_mean"] == pytest.approx(sum(g["reward"] for g in gens) / 4)
     assert m["questions/valid_rate"] == 0.75 and m["questions/filtered_rate"] == 0.25
-    assert m["questions/solve_rate_mean"] == pytest.approx(2 / 3) and m["questions/all_agree_rate"] == pytest.approx(1 / 3)
+    assert m["questions/solve_rate_mean"] == pytest.approx(2 / 3)
+    assert m["questions/all_agree_rate"] == pytest.approx(1 / 3)
     assert m["questions/unique_label_ratio"] == pytest.approx(0.75)  # classes 3, 7, NONE among 4 labels
     assert m["solver/none_rate"] == pytest.approx(1 / 12)
     assert m["generator/advantage_abs_mean"] == pytest.approx(sum(abs(a) for a in A_Q) / 4, abs=1e-5)
@@ -155,7 +163,7 @@ def test_ablation_switches_and_pooled_loss(random_model_dir):
     engine = CannedEngine(recipe.policy.tokenizer, ARITH_SCRIPT)
     recipe.engine = lambda policy: engine
     batches = spy_updates(recipe)
-    gens = [r for r in recipe.step(1).samples if r["role"] == "generator"]
+    gens = [r for r in records(recipe.step(1)) if r["role"] == "generator"]
     # only R_q is left: A_q = 1e-3 Z(R_q); the diversity rewards are still computed and logged
     assert [g["advantage"] for g in gens] == pytest.approx([1e-3 * z for z in (1.414214, -0.707107, 0, -0.707107)],
                                                            abs=1e-8)
@@ -169,9 +177,9 @@ def test_frozen_generator_trains_only_solutions(random_model_dir):
     recipe.engine = lambda policy: engine
     batches = spy_updates(recipe)
     out = recipe.step(1)
-    assert {s.role for s in batches[0]} == {"solver"} and len(batches[0]) == 12
+    assert set(roles_of(recipe, batches[0])) == {"solver"} and len(batches[0]) == 12
     assert [s.advantage for s in batches[0]] == pytest.approx(sum(A_S, []), abs=1e-5)  # one role: no rescaling
-    assert len([r for r in out.samples if r["role"] == "generator"]) == 4  # still generated, rewarded and logged
+    assert len([r for r in records(out) if r["role"] == "generator"]) == 4  # still generated, rewarded and logged
 
 
 def test_math_task_uses_the_paper_prompt_and_filters(random_model_dir):
@@ -186,13 +194,13 @@ def test_math_task_uses_the_paper_prompt_and_filters(random_model_dir):
     engine = CannedEngine(recipe.policy.tokenizer, script)
     recipe.engine = lambda policy: engine
     out = recipe.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
     assert [g["question"] for g in gens] == ["What is 2+3?", "Prove that 7 is prime.", None]
     assert [g["filtered"] for g in gens] == [[], ["proof"], ["malformed"]]
     # filtered: R_q = 0 and R_s = 0 (the proof question's p(q) = 1/2 would give R_q = 2/3); diversity terms stay
     assert [g["reward_terms"]["R_q"] for g in gens] == [0.0, 0.0, 0.0]  # q0: p = 1 -> 0
     assert [g["reward_terms"]["R_da"] for g in gens] == [1.0, 1.0, 1.0]  # labels 5, 1, NONE
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     assert [s["reward"] for s in sols] == [1.0, 1.0, 0.0, 0.0] and [s["advantage"] for s in sols] == [0, 0, 0, 0]
     assert out.metrics["questions/filter_proof"] == pytest.approx(1 / 3)
 
@@ -201,31 +209,34 @@ def test_parse_paper_question():
     def completion(text: str, finish: str = "stop") -> Completion:
         return Completion("z0", [], [], text, [], finish)
 
-    assert parse_paper_question(completion("Question: What is 1+1?\nSolution:")) == ParsedQuestion("What is 1+1?")
+    assert parse_paper_question(completion("Question: What is 1+1?\nSolution:")) == Generation("What is 1+1?")
     assert parse_paper_question(completion("Intro\nQuestion:  Find x if 2x=4. ", "eos")).question == "Find x if 2x=4."
-    assert parse_paper_question(completion("Question: What is", "length")) is None  # cut before "Solution:"
-    assert parse_paper_question(completion("What is 1+1?\nSolution:")) is None  # no "Question:"
-    assert parse_paper_question(completion("Question: \nSolution:")) is None  # empty
+    for malformed in (completion("Question: What is", "length"),  # cut before "Solution:"
+                      completion("What is 1+1?\nSolution:"),  # no "Question:"
+                      completion("Question: \nSolution:")):  # empty
+        assert parse_paper_question(malformed) == Generation(None) and not parse_paper_question(malformed).valid
 
 
 def test_step_on_a_random_model(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.n=3", "params.m=2", "params.question_max_tokens=8",
                          "rollout.max_new_tokens=8")
     # a random model writes no parsable question: give each output a question so the solver role runs too
-    recipe.read_generation = lambda output: ParsedQuestion(f"{len(output.token_ids)}+{output.text.count('1')}")
+    recipe.read_generation = lambda output: Generation(f"{len(output.token_ids)}+{output.text.count('1')}")
     batches = spy_updates(recipe)
     out = recipe.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     assert len(gens) == 3 and len(sols) == 6
-    fields = {"step", "iteration", "role", "phase", "prompt", "completion", "question", "question_id", "valid", "answer",
+    fields = {"step", "iteration", "role", "phase", "prompt", "completion", "question", "question_id", "valid",
+              "answer",
               "label", "label_source", "solve_rate", "reward", "reward_terms", "advantage", "tokens", "oracle"}
-    assert all(fields <= set(r) for r in out.samples)
+    assert all(fields <= set(r) for r in records(out))
     assert all(set(g["reward_terms"]) == {"R_q", "R_dq", "R_da"} for g in gens)
     assert all(set(s["reward_terms"]) == {"R_s"} for s in sols)
-    generator_samples = [s for s in batches[0] if s.role == "generator"]
+    roles = roles_of(recipe, batches[0])
+    generator_samples = [s for s, role in zip(batches[0], roles) if role == "generator"]
     assert [s.advantage for s in generator_samples] == pytest.approx([3 * g["advantage"] for g in gens])  # 9/3
-    assert [s.advantage for s in batches[0] if s.role == "solver"] == pytest.approx(
+    assert [s.advantage for s, role in zip(batches[0], roles) if role == "solver"] == pytest.approx(
         [1.5 * s["advantage"] for s in sols])  # 9/6
     assert out.metrics["policy/optimizer_steps"] == 1
 
@@ -254,6 +265,7 @@ def test_run_through_the_loop(random_model_dir, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "generator/reward_mean" in r]
     assert [r["step"] for r in train_rows] == [1, 2]
-    samples = [json.loads(line) for line in (tmp_path / "run" / "samples" / "step_000002.jsonl").read_text().splitlines()]
+    samples = [json.loads(line)
+               for line in (tmp_path / "run" / "samples" / "step_000002.jsonl").read_text().splitlines()]
     assert sum(r["role"] == "generator" for r in samples) == 3
     assert (tmp_path / "run" / "checkpoints" / "step_000002").is_dir()

@@ -223,6 +223,28 @@ def test_a_program_has_at_most_its_processes(executor: Executor) -> None:
     assert [o.value for o in executor.run([threads] * 2)] == [str(LIMITS.processes - 1)] * 2
 
 
+# Gets past the audit hook (a grading rule, not the boundary) by giving the hook a code object that does nothing.
+DISARM_HOOK = ("import gc, os, time\ndef _disarm():\n    x = None\n    def quiet(event, args):\n        return x\n"
+               "    return quiet\nfor hook in [o for o in gc.get_objects()"
+               " if getattr(o, '__name__', '') == 'forbid']:\n"
+               "    hook.__code__ = _disarm().__code__\n")
+
+
+def test_a_fork_bomb_past_the_audit_hook_is_held_and_swept(executor: Executor) -> None:
+    """Real processes, not threads: RLIMIT_NPROC stops the forks at ``processes`` (the program included), the sweep
+    kills what is left, and the next program finds the sandbox empty."""
+    bounded = Job(DISARM_HOOK + "def f():\n    started = 0\n    while True:\n        try:\n"
+                  "            pid = os.fork()\n"
+                  "        except OSError:\n            return started\n        if pid == 0:\n"
+                  "            time.sleep(60)\n            os._exit(0)\n        started += 1", "f()")
+    bomb = Job(DISARM_HOOK + "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass", "1")
+    count = Job("import os", "len([p for p in os.listdir('/proc') if p.isdigit()])")
+    outcomes = executor.run([bounded, bomb, bounded])
+    assert [o.status for o in outcomes] == ["ok", "timeout", "ok"], outcomes
+    assert outcomes[0].value == outcomes[2].value == str(LIMITS.processes - 1)
+    assert [o.value for o in executor.run([count] * 4)] == ["3"] * 4
+
+
 def test_no_process_shows_the_secret(executor: Executor) -> None:
     """Neither the worker's nor bubblewrap's own processes carry the caller's environment."""
     scan = Job("import os\ndef f(secret):\n    seen = []\n    for pid in os.listdir('/proc'):\n"
@@ -258,7 +280,7 @@ def test_a_frozen_worker_is_replaced(home: Path) -> None:
 
 def test_unconfined_opt_in_runs_programs_in_separate_limited_processes(home: Path) -> None:
     with Executor(LIMITS, workers=1, confinement="none") as pool:
-        outcomes = pool.run([SENTINEL, Job("import os", "os.getpid() != int(%d)" % os.getpid()),
+        outcomes = pool.run([SENTINEL, Job("import os", f"os.getpid() != int({os.getpid()})"),
                              Job("while True:\n    pass", "1"), Job("x = bytearray(10 * 2**30)", "1"),
                              Job("import os", f"os.environ[{SECRET_NAME!r}]"), Job("import os", "os.system('true')")])
     assert [o.status for o in outcomes] == ["ok", "ok", "timeout", "memory", "error", "forbidden"]
@@ -290,6 +312,20 @@ def test_missing_bubblewrap_is_one_line(tmp_path: Path, monkeypatch: pytest.Monk
     assert str(raised.value) == problem
     with Executor(LIMITS, workers=1, confinement="none") as pool:  # the opt-in needs no bwrap
         assert pool.run([SENTINEL])[0].value == "42"
+
+
+def test_a_bubblewrap_the_kernel_refuses_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "bwrap"  # what bwrap says where unprivileged user namespaces are off
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, likely because the kernel "
+                    "does not allow non-privileged user namespaces.' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    problem = sandbox_problem()
+    assert problem is not None and "\n" not in problem
+    assert problem.startswith("bubblewrap (bwrap) cannot set up its sandbox here (bwrap: No permissions")
+    assert "unprivileged user namespaces look disabled" in problem
+    with pytest.raises(SandboxUnavailable, match="No permissions"):
+        Executor(LIMITS, workers=1)
 
 
 def test_close_kills_every_worker(home: Path) -> None:

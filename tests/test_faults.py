@@ -3,6 +3,7 @@ run files. ``bench/faults.py`` runs larger randomized versions of these probes."
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from coevolve.formats import Generation
 from coevolve.grading import MAX_TEXT_CHARS, extract_answer, majority_vote, pop_bound_counts, tag_blocks
 from coevolve.grading.guard import PARSE_ERROR, TEXT_TOO_LONG, VOTE_OVER_BUDGET
 from coevolve.recipes.dynamic_rl import parse_paper_question
@@ -36,7 +38,7 @@ PARSERS = {
     "arith.parse_answer(chat)": (lambda t: arith.parse_answer(t, "chat"), None, BOXED),
     "arith.parse_question(compact)": (arith.parse_question, None, "Q:2+3\nA:5"),
     "arith.parse_question(chat)": (lambda t: arith.parse_question(t, "chat", "a=3,b=4"), None, "Question: a+b"),
-    "dynamic_rl": (lambda t: parse_paper_question(Completion("", [], [], t, finish_reason="stop")), None,
+    "dynamic_rl": (lambda t: parse_paper_question(Completion("", [], [], t, finish_reason="stop")), Generation(None),
                    "Question: What is 2+3?\nSolution: 5"),
     "opensir teacher": (lambda t: parse_teacher_output(t, "code").problem, None,
                         "<think>t</think><problem>What is 12 + 30?</problem><concepts>integer addition</concepts>"),
@@ -172,12 +174,52 @@ def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+def _overwrite_tail(path: Path, data: bytes) -> None:
+    """Replace the last bytes of a file (a safetensors file's tensor data) without changing its length."""
+    raw = bytearray(path.read_bytes())
+    raw[-len(data):] = data
+    path.write_bytes(bytes(raw))
+
+
+def _rechecksum(folder: Path) -> None:
+    """Record the files' current digests, as if the damage had been there when the checkpoint was written."""
+    from coevolve.store import CHECKSUMS, file_sha256
+
+    (folder / CHECKSUMS).write_text(json.dumps({p.name: file_sha256(p) for p in sorted(folder.iterdir())
+                                               if p.name != CHECKSUMS}))
+
+
+def _edit_state(folder: Path, edit, rechecksum: bool = False) -> None:
+    state = json.loads((folder / "state.json").read_text())
+    edit(state)
+    (folder / "state.json").write_text(json.dumps(state))
+    if rechecksum:
+        _rechecksum(folder)
+
+
+NAN_BYTES = b"\x00\x00\xc0\x7f" * 4  # four float32 NaNs
+
+
 DAMAGES = {
     "truncated weights": lambda folder: _truncate(folder / "solver.safetensors"),
     "missing optimizer": lambda folder: (folder / "solver.optim.safetensors").unlink(),
     "empty state.json": lambda folder: (folder / "state.json").write_bytes(b""),
     "garbage state.json": lambda folder: (folder / "state.json").write_bytes(b"\xff{garbage"),
     "truncated rng": lambda folder: _truncate(folder / "rng.safetensors"),
+    # the same length: only the checksums see these
+    "random bytes in the weights": lambda folder: _overwrite_tail(folder / "solver.safetensors", os.urandom(64)),
+    "random bytes in the optimizer": lambda folder: _overwrite_tail(folder / "solver.optim.safetensors",
+                                                                    os.urandom(64)),
+    "NaN in the weights": lambda folder: _overwrite_tail(folder / "solver.safetensors", NAN_BYTES),
+    "recipe state emptied": lambda folder: _edit_state(folder, lambda s: s.update(recipe={})),
+    # consistent checksums (a checkpoint written that way): the finite check and the state's own check see these
+    "NaN in the weights, checksummed": lambda folder: (_overwrite_tail(folder / "solver.safetensors", NAN_BYTES),
+                                                       _rechecksum(folder)),
+    "recipe state emptied, checksummed": lambda folder: _edit_state(folder, lambda s: s.update(recipe={}), True),
+    "updates_done emptied, checksummed": lambda folder: _edit_state(
+        folder, lambda s: s["recipe"].update(updates_done={}), True),
+    "time_s a string, checksummed": lambda folder: _edit_state(folder, lambda s: s["recipe"].update(time_s="x"),
+                                                               True),
 }
 
 
@@ -201,6 +243,39 @@ def test_resume_continues_from_the_newest_intact_checkpoint(two_checkpoints, ran
     redone = load_file(latest / "solver.safetensors")  # from step 1's checkpoint: the weights of the straight run
     assert max(float((redone[k] - straight[k]).abs().max()) for k in straight) < 1e-6
     assert (out / "checkpoints" / "damaged_step_000002").is_dir()  # set aside, not deleted
+
+
+def test_a_checkpoint_from_before_checksums_still_resumes(two_checkpoints, random_model_dir, tmp_path, caplog):
+    """No ``checksums.json`` (written before checkpoints carried one): the other checks only, and no warning."""
+    from coevolve.loop import run
+    from coevolve.store import CHECKSUMS
+
+    out = tmp_path / "run"
+    shutil.copytree(two_checkpoints, out)
+    for step in (1, 2):
+        (out / "checkpoints" / f"step_00000{step}" / CHECKSUMS).unlink()
+    with caplog.at_level(logging.WARNING):
+        run(*_grpo(random_model_dir, steps=3), out, resume=True, progress=False)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r["step"] for r in RunStore(out).metrics()] == [1, 2, 3]
+
+
+def test_eval_of_a_damaged_checkpoint_is_one_error_line(two_checkpoints, tmp_path):
+    from typer.testing import CliRunner
+
+    from coevolve.cli import app
+
+    out = tmp_path / "run"
+    shutil.copytree(two_checkpoints, out)
+    for damage, needle in (("truncated weights", "step_000002/solver.safetensors"),
+                           ("random bytes in the weights", "does not match its checksum")):
+        shutil.rmtree(out / "checkpoints" / "step_000002")
+        shutil.copytree(two_checkpoints / "checkpoints" / "step_000002", out / "checkpoints" / "step_000002")
+        DAMAGES[damage](out / "checkpoints" / "step_000002")
+        result = CliRunner().invoke(app, ["eval", str(out), "--sets", "arith_l1", "--limit", "2"])
+        errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert result.exit_code == 2 and len(errors) == 1 and needle in errors[0], result.output
+        assert not (out / "eval").exists()
 
 
 def test_no_intact_checkpoint_is_one_error_line(two_checkpoints, random_model_dir, tmp_path):
@@ -235,6 +310,22 @@ def test_invalid_utf8_in_run_files_stops_neither_resume_nor_report(two_checkpoin
     assert write_report(out, tmp_path / "report.html", embed=False).exists()
 
 
+@pytest.mark.parametrize("value", ["high", {"x": 1}])
+def test_a_non_numeric_evaluation_value_does_not_stop_report_or_compare(two_checkpoints, tmp_path, value):
+    """An evaluation metric that was never logged as a number: the report leaves that set out of its accuracy table."""
+    from coevolve.analytics.compare import compare_runs
+    from coevolve.analytics.report import write_report
+
+    out = tmp_path / "run"
+    shutil.copytree(two_checkpoints, out)
+    with open(out / "metrics.jsonl", "a") as handle:
+        for step in (0, 2):
+            handle.write(json.dumps({"step": step, "eval/arith_l1/accuracy": value,
+                                     "eval/arith_l1/accuracy_lenient": value}) + "\n")
+    assert "arith_l1" not in write_report(out, embed=False).read_text().split("whole run")[0]
+    compare_runs([out, two_checkpoints], tmp_path / "compare")
+
+
 def test_a_checkpoint_is_written_under_a_temporary_name_and_synced_before_it_appears(tmp_path, monkeypatch):
     """Every file and the folder are fsynced before the rename; the rename's folder after it."""
     import torch
@@ -254,5 +345,5 @@ def test_a_checkpoint_is_written_under_a_temporary_name_and_synced_before_it_app
     [(synced_before, tmp, target)] = events
     assert target == final and tmp.name.startswith(".step_000001.")
     assert {p.name for p in synced_before} == {"solver.safetensors", "solver.optim.safetensors", "rng.safetensors",
-                                                "state.json", tmp.name}
+                                                "state.json", "checksums.json", tmp.name}
     assert synced[-1] == tmp_path / "checkpoints"

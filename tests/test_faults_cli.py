@@ -92,34 +92,193 @@ def test_overwrite_replaces_only_what_a_run_wrote(tmp_path, random_model_dir):
     assert "--overwrite" in line
 
 
+def _run_files(out: Path) -> None:
+    """What `coevolve eval RUN`, `report`, a damaged checkpoint set aside, a checkpoint and an atomic write that never
+    finished leave in a run directory beside what the 1-step run wrote."""
+    for name in ("eval/step_000001/summary.json", "eval/step_000001/arith_l1/results.jsonl",
+                 "eval/model/arith_l1/summary.json", "report/report.html", "report/accuracy.png",
+                 "checkpoints/damaged_step_000002/state.json", "checkpoints/.step_000003.k2j4/solver.safetensors",
+                 "samples/.step_000002.jsonl.x1y2", ".metrics.jsonl.ab12"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("x")
+
+
+@pytest.mark.parametrize("mine, named", [
+    ("checkpoints/best_step3/solver.safetensors", "checkpoints/best_step3/"), ("samples/my_notes.txt", None),
+    ("eval/my.csv", None), ("report/notes.md", None), ("tb/custom", None), ("eval/step_000001/my.csv", None),
+    ("checkpoints/step_000001/notes.txt", None), ("eval/step_000001/arith_l1/results.jsonl/x",
+                                                  "eval/step_000001/arith_l1/results.jsonl/")])
+def test_overwrite_keeps_the_users_files_inside_run_folders(tmp_path, random_model_dir, mine, named):
+    """A file of the user's anywhere in the run's folders: --overwrite refuses with one line naming it and removes
+    nothing; without it, everything a run wrote (eval, report, set-aside and unfinished checkpoints, temporary
+    files) goes."""
+    out = tmp_path / "run"
+    assert tiny_run(random_model_dir, out).exit_code == 0
+    _run_files(out)
+    if (out / mine).parent.is_file():
+        (out / mine).parent.unlink()
+    (out / mine).parent.mkdir(parents=True, exist_ok=True)
+    (out / mine).write_text("mine\n")
+    before = tree(out)
+    line = one_error(tiny_run(random_model_dir, out, "--overwrite"), 2)
+    assert (named or mine) in line and "nothing was removed" in line, line
+    assert tree(out) == before
+    (out / mine).unlink()
+    if named:
+        (out / named).rmdir()
+    result = tiny_run(random_model_dir, out, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoints", "config.yaml", "metrics.jsonl",
+                                                     "samples", "summary.json", "tb"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]
+
+
+def test_overwrite_never_follows_a_symlink(tmp_path, random_model_dir):
+    """A run whose checkpoints folder is a symlink (to the user's folder): refused before anything is removed, the
+    run still resumes, and the link's target is untouched."""
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    assert tiny_run(random_model_dir, out).exit_code == 0
+    (out / "checkpoints").rename(elsewhere)
+    (out / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
+    (out / "samples" / "step_000009.jsonl").symlink_to(tmp_path / "precious.jsonl")
+    (tmp_path / "precious.jsonl").write_text("{}\n")
+    before, target = tree(out), tree(elsewhere)
+    line = one_error(tiny_run(random_model_dir, out, "--overwrite"), 2)
+    assert "checkpoints (a symlink)" in line and "step_000009.jsonl (a symlink)" in line
+    assert tree(out) == before and tree(elsewhere) == target and (tmp_path / "precious.jsonl").exists()
+    (out / "samples" / "step_000009.jsonl").unlink()
+    resumed = invoke("run", "--resume", out, "--quiet", "--set", "steps=2")
+    assert resumed.exit_code == 0, resumed.output
+    assert train_steps(out) == [1, 2]
+
+
 # --- 5. everything that can be checked, before anything is written or loaded ----------------------------------------
 
-def _cases(tmp_path: Path) -> list[tuple[list[str], str, int]]:
+def config_errors(tmp_path: Path) -> list[tuple[list[str], str, int]]:
+    """Every bad command the suite knows that must stop before a model is loaded or built: (arguments, a word of
+    its error line, exit code). The model is the built-in tiny-arith, so a check that came after the model would
+    first build it."""
     (tmp_path / "a_file").write_text("")
     (tmp_path / "folder.yaml").mkdir()
     (tmp_path / "latin1.yaml").write_bytes("steps: 3  # déjà\n".encode("latin-1"))
+    (tmp_path / "huge.yaml").write_text("data_dir: &long " + "x" * 2000 + "\ntrain:\n  lora:\n    target_modules: ["
+                                        + ", ".join(["*long"] * 600) + "]\n")  # 17 KB here, 1.2 MB as config.yaml
+    empty = tmp_path / "empty_data"
+    (empty / "gsm8k").mkdir(parents=True)
+    for name in ("train.jsonl", "test.jsonl"):
+        (empty / "gsm8k" / name).write_text("")
+    (tmp_path / "deep.cnxml").write_text('<document xmlns="http://cnx.rice.edu/cnxml"><content>'
+                                         + "<section>" * 5000 + "<para>x</para>" + "</section>" * 5000
+                                         + "</content></document>")
+    run, math_empty = ["run", "--out", tmp_path / "run", "--quiet"], f"data_dir={empty}"
     return [
-        (["--out", tmp_path / "a_file" / "run"], "--out", 2),
-        (["--config", tmp_path / "folder.yaml"], "folder.yaml", 2),
-        (["--config", tmp_path / "latin1.yaml"], "UTF-8", 2),
-        (["--set", "eval_sets=[arith_l1, nosuch]"], "eval_sets", 2),
-        (["--set", "params.levels=[1, 7]"], "params.levels", 2),
-        (["--set", "params.levels=[]"], "params.levels", 2),
-        (["--set", "eval_sets=[gsm8k]", "--set", f"data_dir={tmp_path / 'no_data'}"], "--data-dir", 1),
-        (["--set", "task=math", "--set", "eval_sets=[]", "--set", f"data_dir={tmp_path / 'no_data'}"],
+        ([*run, "grpo", "--out", tmp_path / "a_file" / "run"], "--out", 2),
+        ([*run, "grpo", "--config", tmp_path / "folder.yaml"], "folder.yaml", 2),
+        ([*run, "grpo", "--config", tmp_path / "latin1.yaml"], "UTF-8", 2),
+        ([*run, "grpo", "--config", tmp_path / "huge.yaml"], "config.yaml", 2),
+        ([*run, "grpo", "--set", "eval_sets=[arith_l1, nosuch]"], "eval_sets", 2),
+        ([*run, "grpo", "--set", "params.levels=[1, 7]"], "params.levels", 2),
+        ([*run, "grpo", "--set", "params.levels=[]"], "params.levels", 2),
+        ([*run, "grpo", "--set", "eval_sets=[gsm8k]", "--set", f"data_dir={tmp_path / 'no_data'}"], "--data-dir", 1),
+        ([*run, "grpo", "--set", "task=math", "--set", "eval_sets=[]", "--set", f"data_dir={tmp_path / 'no_data'}"],
          "gsm8k_train", 1),
+        ([*run, "grpo", "--preset", "small", "--set", "train.lr_schedule=cosine"], "train.lr_schedule", 2),
+        ([*run, "grpo", "--preset", "small", "--set", "train.optimizer_reset=phase"], "train.optimizer_reset", 2),
+        ([*run, "grpo", "--set", "train.lora.lora_dropout=5"], "train.lora.lora_dropout", 2),
+        ([*run, "pasodoble", "--preset", "small", "--set", "rollout.scoring.top_k=40"], "rollout.scoring", 2),
+        ([*run, "pasodoble", "--preset", "small", "--set", f"params.knowledge_source={tmp_path / 'no_corpus'}"],
+         "params.knowledge_source", 2),
+        ([*run, "infuser", "--preset", "small", "--set", f"params.document_source={tmp_path / 'no_docs'}"],
+         "params.document_source", 2),
+        ([*run, "infuser", "--preset", "small", "--set", f"params.document_source={tmp_path / 'deep.cnxml'}"],
+         "nested too deeply", 2),
+        ([*run, "infuser", "--set", "params.dev_levels=[0]"], "params.dev_levels", 2),
+        ([*run, "ttrl", "--set", "task=math", "--set", "eval_sets=[]", "--set", math_empty], "empty", 1),
+        ([*run, "ttrl", "--set", "task=math", "--set", "eval_sets=[]", "--set", math_empty, "--set",
+          "params.pool_source=gsm8k"], "pool", 1),
+        ([*run, "pasodoble", "--set", "params.scale_std=false"], "is now params.advantage", 2),
+        ([*run, "r_zero", "--set", "params.questioner_epochs=2"], "is now roles.questioner.epochs", 2),
+        ([*run, "r_zero", "--set", "roles.proposer.epochs=2"], "roles.proposer", 2),
+        ([*run, "grpo", "--set", "roles.solver.lr_schedule=cosine"], "roles.solver.lr_schedule", 2),
+        ([*run, "infuser", "--set", "roles.generator.lr=-1"], "roles.generator.lr", 2),
+        ([*run, "opensir", "--set", "frozen_generator=true", "--set", "params.train_roles=teacher"],
+         "params.train_roles", 2),
+        ([*run, "r_zero", "--set", "params.format_examples=2"], "format help", 2),
+        ([*run, "r_zero", "--preset", "small", "--set", "train.optimizer_reset=nightly"], "train.optimizer_reset", 2),
+        *[(["eval", "tiny-arith", f"--{option}", value], f"--{option}", 2)
+          for option, value in (("temperature", "nan"), ("temperature", "inf"), ("temperature", "-1"),
+                                ("top-p", "0"), ("max-new-tokens", "0"), ("top-k", "-3"))],
+        (["run", "--resume", tmp_path / "no_run"], "not a run directory", 2),
     ]
 
 
-def test_bad_input_stops_before_the_model_loads_and_writes_nothing(tmp_path):
-    for extra, needle, code in _cases(tmp_path):
-        out = tmp_path / "run"
-        line = one_error(invoke("run", "grpo", "--out", out, "--set", NO_MODEL, *extra), code)
-        assert needle in line, (extra, line)
-        assert not out.exists()
-    line = one_error(invoke("run", "infuser", "--out", tmp_path / "run", "--set", NO_MODEL,
-                            "--set", "params.dev_levels=[0]"), 2)
-    assert "params.dev_levels" in line
+def test_every_config_error_comes_before_a_model_is_built(tmp_path, monkeypatch):
+    """With an empty model cache, each bad command stops with one line and its exit code before any model is
+    loaded or built (a build would take minutes), and nothing is written: neither --out nor the cache."""
+    import coevolve.models
+    import coevolve.models.tiny_arith
+    import coevolve.recipes.base
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded or built before the error")
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("COEVOLVE_CACHE", str(cache))
+    for module, name in ((coevolve.models.tiny_arith, "ensure_tiny_arith"), (coevolve.models, "load_policy"),
+                         (coevolve.recipes.base, "load_policy")):
+        monkeypatch.setattr(module, name, no_model)
+    for args, needle, code in config_errors(tmp_path):
+        line = one_error(invoke(*args), code)
+        assert needle in line, (args, line)
+        assert not (tmp_path / "run").exists() and not cache.exists(), args
+
+
+def test_a_full_disk_is_one_line_and_the_run_resumes(tmp_path, random_model_dir, monkeypatch):
+    """No space left while step 2's checkpoint is written: one line, no half-written checkpoint left, step 1 kept."""
+    import errno
+
+    from coevolve import store
+
+    real = store._write_checkpoint
+
+    def full_at_step_2(folder, step, *args):
+        if step == 2:
+            (folder / "solver.safetensors").write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device", str(folder / "solver.optim.safetensors"))
+        return real(folder, step, *args)
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(store, "_write_checkpoint", full_at_step_2)
+    line = one_error(tiny_run(random_model_dir, out, steps=2), 1)
+    assert "no space left" in line and "--resume" in line and "solver.optim.safetensors" in line
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]
+    monkeypatch.setattr(store, "_write_checkpoint", real)
+    assert invoke("run", "--resume", out, "--quiet").exit_code == 0
+    assert train_steps(out) == [1, 2]
+
+
+def test_resume_to_fewer_steps_than_the_run_holds_is_refused(tmp_path, random_model_dir):
+    out = tmp_path / "run"
+    assert tiny_run(random_model_dir, out, steps=3).exit_code == 0
+    before = tree(out)
+    line = one_error(invoke("run", "--resume", out, "--set", "steps=2"), 2)
+    assert "already holds 3 completed steps" in line and tree(out) == before
+
+
+def test_quiet_silences_the_model_build(monkeypatch, tmp_path):
+    """A first use of tiny-arith builds it with a progress bar, unless --quiet."""
+    import coevolve.models.tiny_arith
+
+    asked = []
+
+    def record(*args, progress=True, **kwargs):
+        asked.append(progress)
+        raise KeyboardInterrupt  # stop there: the build itself is not under test
+
+    monkeypatch.setattr(coevolve.models.tiny_arith, "ensure_tiny_arith", record)
+    for quiet in (["--quiet"], []):
+        invoke("run", "grpo", "--out", tmp_path / "run", *quiet)
+    assert asked == [False, True]
 
 
 def test_a_failed_start_leaves_the_folder_as_it_was(tmp_path):
@@ -153,8 +312,10 @@ def test_a_late_failure_is_one_line_and_the_run_resumes(tmp_path, random_model_d
 
 # --- 6. values that pass validation but make garbage ----------------------------------------------------------------
 
-@pytest.mark.parametrize("setting, key", [("train.lr=inf", "train.lr"), ("rollout.temperature=inf", "rollout.temperature"),
-                                          ("train.kl_beta=nan", "train.kl_beta"), ("params.lambda_q=inf", "params.lambda_q")])
+@pytest.mark.parametrize("setting, key", [("train.lr=inf", "train.lr"),
+                                          ("rollout.temperature=inf", "rollout.temperature"),
+                                          ("train.kl_beta=nan", "train.kl_beta"),
+                                          ("params.lambda_q=inf", "params.lambda_q")])
 def test_non_finite_config_values_are_refused(setting, key):
     from coevolve.config import ConfigError
     from coevolve.recipes import resolve
@@ -207,7 +368,8 @@ def test_a_second_writer_is_refused(tmp_path, random_model_dir):
     assert tiny_run(random_model_dir, out).exit_code == 0
     before = tree(out)
     holder = subprocess.Popen([sys.executable, "-c", "import filelock, sys, time\n"
-                               "lock = filelock.FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(60)",
+                               "lock = filelock.FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); "
+                               "time.sleep(60)",
                                str(out / LOCK_NAME)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from coevolve.config import ConfigError
-from coevolve.formats import load_worked_examples
+from coevolve.formats import FormatWatch, load_worked_examples
 from coevolve.recipes import FORMATS
-from coevolve.recipes.generator import FormatWatch
 from coevolve.rollout.base import SamplingParams
 from coevolve.rollout.constrained import RegexConstraint
 from coevolve.rollout.hf import HFRolloutEngine, encode_prompt
@@ -35,12 +34,12 @@ def test_rendered_examples_match_regex_and_parse_as_valid(examples):
         for name, text in texts.items():
             assert re.fullmatch(FORMATS[name].regex, text), (name, text)
         question = " ".join(e.question.split())
-        assert FORMATS["r_zero"].parse(texts["r_zero"], "chat") == (question, e.answer)
-        assert FORMATS["pasodoble"].parse(texts["pasodoble"], "chat", e.solution) == (question, e.answer)
-        assert FORMATS["infuser"].parse(texts["infuser"], "chat", e.solution) == (question, e.answer)
-        assert FORMATS["opensir"].parse(texts["opensir"], "chat", "paper").valid
-        completion = Completion("", [], [], texts["dynamic_rl"], finish_reason="stop")
-        assert FORMATS["dynamic_rl"].parse(completion, "chat").question == question
+        read = {name: FORMATS[name].parse(Completion("", [], [], text, finish_reason="stop"), "chat",
+                                          document=e.solution, rules="paper") for name, text in texts.items()}
+        for name in ("r_zero", "pasodoble", "infuser"):
+            assert (read[name].question, read[name].answer) == (question, e.answer), name
+        assert read["opensir"].valid and read["opensir"].concepts
+        assert read["dynamic_rl"].question == question and read["dynamic_rl"].valid
 
 
 def test_every_generator_declares_both_worlds_and_the_arith_one_reads_the_writer_format():
@@ -53,9 +52,10 @@ def test_every_generator_declares_both_worlds_and_the_arith_one_reads_the_writer
     for name, cls in generators.items():
         assert set(cls.formats) == {"chat", "arith"}, name
         fmt = cls.formats["arith"]
-        inputs = {"infuser": ("a=3,b=7",), "pasodoble": ("a=3,b=7",), "opensir": ("1+2",)}.get(name, ())
-        assert fmt.prompt("compact", *inputs).endswith("W:\n") and fmt.grounded == (name in ("infuser", "pasodoble"))
-        assert "a=3,b=7" in fmt.prompt("compact", *inputs) or not fmt.grounded
+        inputs = {"infuser": {"document": "a=3,b=7"}, "pasodoble": {"document": "a=3,b=7"},
+                  "opensir": {"reference": "1+2"}}.get(name, {})
+        assert fmt.prompt("compact", **inputs).endswith("W:\n") and fmt.grounded == (name in ("infuser", "pasodoble"))
+        assert "a=3,b=7" in fmt.prompt("compact", **inputs) or not fmt.grounded
     assert arith.question_prompt("compact") == RECIPES["r_zero"].formats["arith"].prompt("compact")
 
 
@@ -68,7 +68,7 @@ def test_warmup_pairs_use_each_recipes_prompt(examples):
 
 
 def test_format_watch_warns_once_after_k_empty_steps(caplog):
-    watch = FormatWatch("infuser", after=2)
+    watch = FormatWatch("infuser", after=2, description=FORMATS["infuser"].description)
     with caplog.at_level(logging.WARNING, logger="coevolve.format_help"):
         assert [watch.observe(s, v, 8) for s, v in [(1, 0), (2, 1), (3, 0), (4, 0), (5, 0), (6, 0)]] == \
             [False, False, False, True, False, False]
@@ -105,13 +105,13 @@ def test_constrained_sampling_matches_regex_and_records_masked_logprobs(random_p
 def test_format_constraint_turns_on_tis_and_help_is_refused_on_arith():
     from coevolve.recipes import RECIPES, resolve
 
-    cfg, _, _ = resolve("r_zero", sets=["task=math", "model=smollm2-135m", "params.format_constraint=true"])
-    assert cfg.train.tis_cap == 2.0
-    cfg, params, _ = resolve("r_zero", preset="paper")
-    assert cfg.train.tis_cap is None and params.format_examples == 0 and not params.format_constraint
-    cfg, params, cls = resolve("r_zero", preset="small", sets=["params.format_examples=2"])
+    cfg, params, cls = resolve("r_zero", sets=["task=math", "model=smollm2-135m", "params.format_constraint=true"])
+    assert cls.tis_cap(cfg, params, bf16_sampler=False) == 2.0
+    cfg, params, cls = resolve("r_zero", preset="paper")
+    assert cls.tis_cap(cfg, params, bf16_sampler=False) is None
+    assert params.format_examples == 0 and not params.format_constraint
     with pytest.raises(ConfigError, match="format help is for chat tasks"):
-        cls(cfg, params)
+        resolve("r_zero", preset="small", sets=["params.format_examples=2"])
     for name in ("r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl"):
         for preset in RECIPES[name].presets:
             _, params, _ = resolve(name, preset=preset)
@@ -119,7 +119,7 @@ def test_format_constraint_turns_on_tis_and_help_is_refused_on_arith():
 
 
 def test_format_watch_on_arith_names_the_writer_format(caplog):
-    watch = FormatWatch("r_zero", after=1, chat=False)
+    watch = FormatWatch("r_zero", after=1, description=None)
     with caplog.at_level(logging.WARNING, logger="coevolve.format_help"):
         assert watch.observe(1, 0, 4)
     assert "Q:<expression>" in caplog.records[0].getMessage()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import records
 
 from coevolve.recipes import resolve
 from coevolve.rollout import Completion
@@ -30,7 +31,7 @@ def test_reward_is_one_for_the_ground_truth_answer_only(random_model_dir):
 
     recipe.sample_groups = canned
     out = recipe.step(1)
-    rows = out.samples
+    rows = records(out)
     assert [r["reward"] for r in rows] == [1, 0, 0, 0] + [1, 1, 0, 0] + [1, 1, 1, 0]
     assert all(r["reward_terms"]["correct"] == r["reward"] and r["label"] == str(arith.evaluate(r["question"]))
                for r in rows)

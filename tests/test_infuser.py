@@ -6,9 +6,11 @@ import json
 
 import numpy as np
 import pytest
+from helpers import records
 from typer.testing import CliRunner
 
 from coevolve.cli import app
+from coevolve.formats import Generation
 from coevolve.recipes import resolve
 from coevolve.recipes.infuser import parse_generator_json
 from coevolve.tasks.registry import Problem
@@ -29,12 +31,13 @@ def make_recipe(model_dir, *sets):
     config, params, cls = resolve("infuser", preset="small", sets=[
         f"model={model_dir}", "eval_sets=[]", "params.documents_per_step=3", "params.group_size=4",
         "params.dev_size=4", "rollout.max_new_tokens=6", "params.generator_max_tokens=6", "train.lr=1e-2",
-        "params.generator_lr=1e-2", "params.rho_inv=-0.5", *sets])
+        "roles.generator.lr=1e-2", "params.rho_inv=-0.5", *sets])
     recipe = cls(config, params)
     # The random model writes neither questions nor answers: read about two outputs in three as the question "a+b"
     # with key "1", and a solver answer as the parity of its characters' code sum, so groups have variance. (The
     # outputs run to the token budget, so their lengths barely vary: a length rule would read them all alike.)
-    recipe.read_generation = lambda text, doc: ("a+b", "1") if sum(map(ord, text)) % 3 else (None, None)
+    recipe.read_generation = lambda output, document: (Generation("a+b", "1") if sum(map(ord, output.text)) % 3
+                                                       else Generation(None))
     recipe.task.parse_answer = lambda text, style: str(sum(map(ord, text)) % 2)
     recipe.dev = [Problem("a+b", "1", "a=1,b=0,c=0"), Problem("a*b", "0", "a=1,b=0,c=0")]
     return recipe
@@ -48,7 +51,7 @@ def test_step_rewards_and_dugrpo(random_model_dir):
         trainer.update = lambda samples, update=update, role=role: calls.append(role) or update(samples)
     out = recipe.step(1)
     assert calls == ["generator", "solver"]  # the generator is updated first, on the same rollouts
-    gens = [r for r in out.samples if r["role"] == "generator"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
     assert len(gens) == 12 and "time/influence_s" in out.metrics and "time/dev_s" in out.metrics
     for g in gens:
         if not g["valid"]:
@@ -67,7 +70,7 @@ def test_step_rewards_and_dugrpo(random_model_dir):
         expected = (rewards - rewards.mean()) / (sd + sigma_b + 1e-6) if sd > 0 else np.zeros(4)
         assert [g["advantage"] for g in grp] == pytest.approx(list(expected))
         assert all(g["in_update"] == (sd > 0) for g in grp)
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     by_q = {g["question_id"]: g for g in gens}
     assert all(s["trained"] == (0 < by_q[s["question_id"]]["solve_rate"] < 1) for s in sols)
     assert all(s["oracle"]["label_correct"] is not None for s in sols)  # analytics only
@@ -76,8 +79,8 @@ def test_step_rewards_and_dugrpo(random_model_dir):
 def test_sgd_cosine_and_grpo_ablations_change_the_scores(random_model_dir):
     base = make_recipe(random_model_dir).step(1)
     sgd = make_recipe(random_model_dir, "params.influence=sgd_cosine", "params.generator_advantage=grpo").step(1)
-    a = [r["reward"] for r in base.samples if r["role"] == "generator"]
-    b = [r["reward"] for r in sgd.samples if r["role"] == "generator"]
+    a = [r["reward"] for r in records(base) if r["role"] == "generator"]
+    b = [r["reward"] for r in records(sgd) if r["role"] == "generator"]
     assert [x == 0 for x in a] == [x == 0 for x in b] and a != b  # same questions, different influence
 
 
@@ -137,7 +140,7 @@ def canned(model_dir, keys, *sets):
     recipe.dev = [Problem("a+b", "1", DOC)] * 2
     recipe.documents.take = lambda seed, start, n: [DOC] * n
     order = iter(keys)
-    recipe.read_generation = lambda text, doc: next(order)
+    recipe.read_generation = lambda output, document: Generation(*next(order))
     tokenizer = recipe.solver_policy.tokenizer
 
     def sample_groups(policy, prompts, group_size, seed, sampling=None):
@@ -158,7 +161,7 @@ def test_influence_sign_and_value_on_a_known_case(random_model_dir):
     recipe = canned(random_model_dir, [("a+b", "1"), ("a+b", "0"), ("a*b", "2"), (None, None)],
                     "params.influence=sgd_cosine")
     out = recipe.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
     assert [g["reward"] for g in gens[:2]] == pytest.approx([1.0, -1.0], abs=1e-5)
     assert [g["reward_terms"]["influence"] for g in gens[:2]] == pytest.approx([1.0, -1.0], abs=1e-5)
     assert -1 < gens[2]["reward"] < 1 and gens[3]["reward"] == -0.5  # another question; invalid: rho_inv

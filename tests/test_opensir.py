@@ -7,12 +7,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import records
 
+from coevolve.formats import Generation
 from coevolve.loop import run
 from coevolve.pool import ProblemPool
 from coevolve.recipes import resolve
 from coevolve.recipes.opensir import STUDENT_WORLDS, Candidate, OpenSIR  # importing the module registers it
-from coevolve.rewards.format import TeacherOutput
 from coevolve.rewards.novelty import expression_concepts
 from coevolve.rollout import Completion
 from coevolve.rollout.hf import encode_prompt
@@ -35,18 +36,18 @@ def make_recipe(model_dir, *sets):
     return recipe, config
 
 
-def always_valid(text: str, rules: str = "paper") -> TeacherOutput:
+def always_valid(output: Completion, rules: str = "paper") -> Generation:
     """Reads any completion of the random model as a valid problem (it never writes one)."""
-    question = f"{len(text) % 7}+{len(text) % 5}"
-    return TeacherOutput(question, expression_concepts(question), True, 1.0)
+    question = f"{len(output.text) % 7}+{len(output.text) % 5}"
+    return Generation(question, concepts=expression_concepts(question), format_score=1.0)
 
 
 def test_step_on_random_model_writes_both_roles(random_model_dir):
     recipe, _ = make_recipe(random_model_dir)
     recipe.read_generation = always_valid
     out = recipe.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     assert len(gens) == 16 and len(sols) == 2 * 4  # k*G teacher outputs; B/(2G) problems x G solutions
     for r in gens:
         assert r["valid"] and r["question"] and r["reference"] == "1+1" and r["label_source"] == "majority"
@@ -106,6 +107,11 @@ def compact_script(prompt: str, i: int, n: int) -> str:
     return TEACHER[i] if prompt.endswith("W:\n") else SOLUTIONS[prompt[2:-3]][n % 4]
 
 
+def roles_of(samples, tokenizer) -> list[str]:
+    """The role each update sample was trained as, by its prompt (as compact_script tells them apart)."""
+    return ["generator" if tokenizer.decode(s.prompt_ids).endswith("W:\n") else "solver" for s in samples]
+
+
 def stubbed(model_dir, *sets, respond=compact_script, run_update=True):
     recipe, _ = make_recipe(model_dir, "params.diversity=concepts", "params.l_base=4", "params.l_cap=4", *sets)
     engine = StubEngine(recipe.policy.tokenizer, respond)
@@ -119,7 +125,7 @@ def stubbed(model_dir, *sets, respond=compact_script, run_update=True):
 def test_novelty_and_selection_by_hand(random_model_dir):
     recipe, updates = stubbed(random_model_dir)
     out = recipe.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
     expected = [NOVELTY.get(t[2:], 0.0) for t in TEACHER]  # invalid outputs score 0
     assert [r["reward"] for r in gens] == pytest.approx(expected)
     by_group = np.array(expected).reshape(4, 4)
@@ -127,7 +133,7 @@ def test_novelty_and_selection_by_hand(random_model_dir):
     assert {r["question_id"][:5] for r in gens if r["selected"]} == {"s1-g0", "s1-g3"}  # top-2 by variance
     # student: the two highest novelty scores, 4*5 (1.954) then 12-3 (1.85; the first of five copies)
     assert [r["question_id"] for r in gens if r["student_selected"]] == ["s1-g0-1", "s1-g1-0"]
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     assert [r["reward"] for r in sols] == pytest.approx([1.1, 1.1, 0.1, 0.0] + [1.1] * 4)  # Eq. 6
     assert [r["label"] for r in sols] == ["20"] * 4 + ["9"] * 4
     assert [r["advantage"] for r in sols[4:]] == [0.0] * 4  # all agree: no signal
@@ -136,7 +142,7 @@ def test_novelty_and_selection_by_hand(random_model_dir):
     assert [r["advantage"] for r in gens[:4]] == pytest.approx(a0)
     assert [r["advantage"] for r in gens[4:8]] == [None] * 4
     (samples,) = updates
-    assert [s.role for s in samples] == ["generator"] * 8 + ["solver"] * 8
+    assert roles_of(samples, recipe.policy.tokenizer) == ["generator"] * 8 + ["solver"] * 8
     assert [s.advantage for s in samples[:4]] == pytest.approx(a0)
     assert len(recipe.pool) == 1 + 10  # the seed and every valid problem, solve rate regardless
     assert out.metrics["questions/valid_rate"] == pytest.approx(10 / 16)
@@ -150,7 +156,7 @@ def test_solve_rate_over_the_group_or_the_parsed_answers(random_model_dir):
     """The real labeller: "4*5" gets A:20, A:20, A:21 and an unparsed answer: 2/4 of the group, 2/3 of the parsed."""
     for denominator, rate in (("group", 0.5), ("parsed", 2 / 3)):
         recipe, _ = make_recipe(random_model_dir, f"params.solve_rate_denominator={denominator}")
-        c = Candidate(0, 0, None, TeacherOutput("4*5", (), True, 1.0))
+        c = Candidate(0, 0, None, Generation("4*5", format_score=1.0))
         recipe.label(c, [Completion("Q:4*5=?\n", [1], [5], text, [-1.0]) for text in SOLUTIONS["4*5"]])
         assert c.vote.label == "20" and c.solve_rate == pytest.approx(rate)
 
@@ -164,7 +170,7 @@ def test_trained_roles(random_model_dir, sets, roles):
     recipe, updates = stubbed(random_model_dir, *sets)
     teacher_before = {k: v.clone() for k, v in recipe.teacher.model.state_dict().items()}
     recipe.step(1)
-    assert [s.role for s in updates[0]] == roles
+    assert roles_of(updates[0], recipe.policy.tokenizer) == roles
     teacher_after = recipe.teacher.model.state_dict()
     frozen = all(torch.equal(teacher_before[k], teacher_after[k]) for k in teacher_before)
     assert frozen == (roles[0] == "solver")  # student-only: the teacher stays at its initial weights
@@ -179,8 +185,8 @@ def test_pool_persists_through_state_dict(random_model_dir):
     restored.load_state_dict(state)
     assert restored.pool.entries == recipe.pool.entries
     a, b = recipe.step(2), restored.step(2)  # embeddings of P_1 rebuilt from the restored texts
-    assert [r.get("reference") for r in a.samples] == [r.get("reference") for r in b.samples]
-    assert [r["reward"] for r in a.samples] == [r["reward"] for r in b.samples]
+    assert [r.get("reference") for r in records(a)] == [r.get("reference") for r in records(b)]
+    assert [r["reward"] for r in records(a)] == [r["reward"] for r in records(b)]
 
 
 def test_run_resume_restores_the_pool(tmp_path, random_model_dir):
@@ -221,16 +227,16 @@ def test_chat_prompts_parsing_and_formats(random_model_dir):
         return solutions[n % 4]
 
     recipe, updates = stubbed(random_model_dir, "params.student_format=phrase", respond=respond, run_update=False)
-    recipe.policy.prompt_style = recipe.style = "chat"  # as a chat model on a chat task would be read
+    recipe.policy.prompt_style = "chat"  # as a chat model on a chat task would be read (recipe.style follows)
     recipe.generator_format, recipe.student = OpenSIR.formats["chat"], STUDENT_WORLDS["chat"]
     recipe.pool = ProblemPool([STUDENT_WORLDS["chat"].seed])
     out = recipe.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
     assert [r["valid"] for r in gens] == [False, True, True, True] * 4
     assert gens[1]["concepts"] == ["addition", "integers"] and gens[1]["solve_rate"] == 0.75
     # sol(3/4) = 0.8125 with G = 4; solutions longer than l_cap = 4 tokens; 2 of 3 concept slots new; format 1
     assert gens[1]["reward_terms"] == pytest.approx({"sol": 0.8125, "len": 1.0, "div": 2 / 3, "fmt": 1.0})
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     assert [r["reward"] for r in sols[:4]] == pytest.approx([1.1, 1.1, 1.1, 0.0])  # the last lacks the phrase
     assert [r["answer"] for r in sols[:4]] == ["5", "5", "5", "4"] and sols[0]["label"] == "5"
     assert len(updates[0]) == 2 * 4 + 2 * 4

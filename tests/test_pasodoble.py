@@ -1,13 +1,16 @@
-"""The pasodoble recipe: hand-computed rewards, leak check, history semantics, buffer, offline schedule, CLI + resume."""
+"""The pasodoble recipe: hand-computed rewards, leak check, history semantics, buffer, offline schedule, CLI and
+resume."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from helpers import records
 from typer.testing import CliRunner
 
 from coevolve.cli import app
+from coevolve.formats import Generation
 from coevolve.recipes import resolve
 from coevolve.recipes.pasodoble import Buffered
 from coevolve.rewards.pasodoble import JaccardHistory, history_diversity, jaccard, leaks_answer, proposer_reward
@@ -53,7 +56,7 @@ def make_recipe(model_dir, *sets):
 
 def posing(question: str):
     """A stand-in reader: the random model never writes a question, so every completion poses ``question``."""
-    return lambda text, passage: (question, "7")
+    return lambda output, document: Generation(question, "7")
 
 
 def test_history_semantics(random_model_dir):
@@ -91,11 +94,11 @@ def test_online_step_trains_only_retained_questions(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_low=0")
     recipe.read_generation = posing("a+b")
     out = recipe.step(1)
-    gens = [r for r in out.samples if r["role"] == "generator"]
-    sols = [r for r in out.samples if r["role"] == "solver"]
+    gens = [r for r in records(out) if r["role"] == "generator"]
+    sols = [r for r in records(out) if r["role"] == "solver"]
     assert len(gens) == 6 and len(sols) == 6 * 4
     for g in gens:
-        assert g["label_source"] == "proposer" and g["answer"] == "7" and g["oracle"]["label_correct"] is not None
+        assert g["label_source"] == "generator" and g["answer"] == "7" and g["oracle"]["label_correct"] is not None
         p = g["solve_rate"]
         expected = 1.1 - p + 0.2 * g["reward_terms"]["r_div"] if 0 < p and g["reward_terms"]["r_div"] >= 0.3 else 0.0
         assert g["reward"] == pytest.approx(expected)
@@ -128,8 +131,8 @@ def test_offline_schedule_buffer_and_eviction(random_model_dir):
     assert all(0 < b.prev_acc < 1 for b in recipe.buffer)
     size = len(recipe.buffer)
     out = recipe.step(10)
-    assert out.metrics["phase_proposer"] == 0.0 and all(r["phase"] == "replay" for r in out.samples)
-    assert len(out.samples) == min(4, size) * 4 and recipe.pointer == min(4, size) % size
+    assert out.metrics["phase_proposer"] == 0.0 and all(r["phase"] == "replay" for r in records(out))
+    assert len(records(out)) == min(4, size) * 4 and recipe.pointer == min(4, size) % size
     # eviction: p = 1 goes at once; no 0.01 improvement for c = 3 replays goes too; the pointer follows
     recipe.buffer = [Buffered("q0", "1", None, prev_acc=0.5), Buffered("q1", "1", None, prev_acc=0.5, stale=2),
                      Buffered("q2", "1", None, prev_acc=0.2), Buffered("q3", "1", None)]
@@ -157,7 +160,7 @@ def test_cli_run_and_resume(tmp_path, random_model_dir):
 def test_sequential_history_takes_every_proposal(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_sim=0.5")
     texts = iter(["a+b", None, "a+b", None, "c*d", "c*d"])
-    recipe.read_generation = lambda text, passage: (lambda q: (q, "7" if q else None))(next(texts))
+    recipe.read_generation = lambda output, document: (lambda q: Generation(q, "7" if q else None))(next(texts))
     xs = recipe.propose_and_score(1, _timer())
     # H after each push: {ab}, {ab, ∅}, ...: r_div = share of H not Jaccard-similar (> 0.5); two empty sets are similar
     assert [x.r_div for x in xs[:3]] == pytest.approx([1.0, 1.0, 0.5])
@@ -166,7 +169,7 @@ def test_sequential_history_takes_every_proposal(random_model_dir):
 
 def test_max_updates_counts_updates_not_iterations(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_low=0",
-                         "params.max_updates=1", "params.solver_mini_batch_size=5", "params.solver_epochs=2")
+                         "params.max_updates=1", "roles.solver.mini_batch_size=5", "roles.solver.epochs=2")
     recipe.read_generation = posing(None)  # nothing posed: the iteration is skipped and does not count
     out = recipe.step(1)
     assert out.metrics["skipped"] == 1.0 and out.metrics["updates"] == 0.0
@@ -177,11 +180,11 @@ def test_max_updates_counts_updates_not_iterations(random_model_dir):
         if not out.metrics["skipped"]:
             break
     assert out.metrics["updates"] == 1.0 and out.metrics["proposer/optimizer_steps"] == 1  # 6 proposals, one step
-    trained = sum(s["trained"] for s in out.samples if s["role"] == "solver")
+    trained = sum(s["trained"] for s in records(out) if s["role"] == "solver")
     assert out.metrics["solver/optimizer_steps"] == -(-trained // 5) * 2  # 4 answers per question, 5 per step, 2 epochs
-    proposals = [g for g in out.samples if g["role"] == "generator"]
+    proposals = [g for g in records(out) if g["role"] == "generator"]
     assert out.metrics["generator/advantage_abs_mean"] == pytest.approx(
         sum(abs(g["advantage"]) for g in proposals) / len(proposals))
     done = recipe.step(step + 1)  # max_updates reached: nothing is sampled or trained
-    assert done.metrics["done"] == 1.0 and done.metrics["updates"] == 1.0 and not done.samples
+    assert done.metrics["done"] == 1.0 and done.metrics["updates"] == 1.0 and not records(done)
     assert recipe.state_dict()["updates"] == 1

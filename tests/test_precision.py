@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import torch
+from helpers import records
 from safetensors.torch import load_file
 
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
@@ -84,7 +85,7 @@ def test_offloading_the_idle_role_moves_it_and_changes_no_result(random_model_di
         trainer.model.register_forward_pre_hook(must_be_resident)
     offloaded = recipe.step(1)
     assert {id(m) for m in ran} == {id(t.model) for t in recipe.trainers().values()}
-    assert [r["reward"] for r in offloaded.samples] == [r["reward"] for r in plain.samples]
+    assert [r["reward"] for r in records(offloaded)] == [r["reward"] for r in records(plain)]
     assert offloaded.metrics["solver/loss"] == plain.metrics["solver/loss"]
 
     # The move itself, to a stand-in device (meta holds no data: only placement is checked).

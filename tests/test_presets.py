@@ -25,44 +25,52 @@ CODE_SAMPLING = {"config.rollout.top_p": 0.99, "config.rollout.top_k": 0, "confi
 R_ZERO_TABLE = {
     ("r_zero", "paper"): {  # Prism's App. A for R-Zero; the step structure of Prism's scripts
         "config.steps": 4 * (6 + 20), "questioner_steps": 6, "solver_steps": 20,
-        "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
-        "solver_questions": 512, "solver_group": 8, "solver_mini_batch_size": 1024, "solver_epochs": 2,
+        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
+        "roles.questioner.epochs": 2,
+        "solver_questions": 512, "solver_group": 8, "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2,
         "score_samples": 10, "label_samples": 8, "pool_size": 8000, "band": [0.25, 0.75], "pool_p_denominator": "all",
         "reward_form": "paper", "advantage": "dr_grpo", "solver_format_weight": 0.0, "filter_prove": True,
         "questioner_init": "previous_questioner",
-        "train.lr": 5e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, "solver_lr_schedule": "cosine",
-        "questioner_lr_schedule": None, **CODE_SAMPLING, "label_max_tokens": 2048},
+        "train.lr": 5e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, "roles.solver.lr_schedule": "cosine",
+        "roles.questioner.lr_schedule": None, **CODE_SAMPLING, "label_max_tokens": 2048},
     ("r_zero", "reference_code"): {  # R-Zero's repository (EasyR1): 5 iterations, checkpoints 5 / 15 kept
         "config.steps": 5 * (5 + 15), "questioner_steps": 5, "solver_steps": 15,
-        "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 1,
-        "solver_questions": 512, "solver_group": 5, "solver_mini_batch_size": 640, "solver_epochs": 1,
+        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
+        "roles.questioner.epochs": 1,
+        "solver_questions": 512, "solver_group": 5, "roles.solver.mini_batch_size": 640, "roles.solver.epochs": 1,
         "score_samples": 10, "label_samples": 9, "pool_size": 8000, "band": [0.3, 0.8], "pool_p_denominator": "all",
         "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
         "questioner_init": "previous_questioner", "question_max_tokens": 4096, "config.rollout.max_new_tokens": 4096,
-        "train.lr": 1e-6, "train.kl_beta": 1e-2, **CODE_OPTIMIZER, "solver_lr_schedule": None,
+        "train.lr": 1e-6, "train.kl_beta": 1e-2, **CODE_OPTIMIZER, "roles.solver.lr_schedule": None,
         "config.train.lr_schedule": "constant", **CODE_SAMPLING, "label_max_tokens": None},
     ("r_zero", "prism_code"): {  # the R-Zero baseline of Prism's scripts
         "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
-        "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
-        "solver_questions": 512, "solver_group": 8, "solver_mini_batch_size": 1024, "solver_epochs": 2,
+        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
+        "roles.questioner.epochs": 2,
+        "solver_questions": 512, "solver_group": 8, "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2,
         "score_samples": 10, "label_samples": 8, "band": [0.3, 0.8], "pool_p_denominator": "all",
         "reward_form": "code", "advantage": "grpo", "solver_format_weight": 0.1, "filter_prove": False,
-        "train.lr": 1e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, "solver_lr_schedule": "cosine",
+        "train.lr": 1e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER, "roles.solver.lr_schedule": "cosine",
         **CODE_SAMPLING, "label_max_tokens": 2048},
     ("prism", "paper"): {
         "config.steps": 4 * (6 + 20), "questioner_steps": 6, "solver_steps": 20,
-        "questioner_prompts": 512, "questioner_group": 4, "questioner_mini_batch_size": 64, "questioner_epochs": 2,
-        "solver_questions": 512, "solver_group": 8, "solver_mini_batch_size": 1024, "solver_epochs": 2,
+        "questioner_prompts": 512, "questioner_group": 4, "roles.questioner.mini_batch_size": 64,
+        "roles.questioner.epochs": 2,
+        "solver_questions": 512, "solver_group": 8, "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2,
         "score_samples": 10, "label_samples": 8, "band": [0.5, 0.9], "pool_p_denominator": "all",
         "advantage": "dr_grpo", "questioner_init": "solver", "k": 128, "lam": 5.0, "gamma": 0.99, "alpha": 1.0,
         "reference_corpus": "math_minus_math500", "train.lr": 5e-6, "train.kl_beta": 1e-4, **CODE_OPTIMIZER,
-        "solver_lr_schedule": "cosine", **CODE_SAMPLING, "label_max_tokens": 2048},
+        "roles.solver.lr_schedule": "cosine", **CODE_SAMPLING, "label_max_tokens": 2048},
     ("prism", "reference_code"): {
         "config.steps": 4 * (6 + 50), "questioner_steps": 6, "solver_steps": 50,
-        "questioner_mini_batch_size": 64, "questioner_epochs": 2, "solver_questions": 512, "solver_group": 8,
-        "solver_mini_batch_size": 1024, "solver_epochs": 2, "pool_p_denominator": "all", "advantage": "grpo",
-        "solver_format_weight": 0.1, "filter_prove": False, "k": 128, "reference_corpus": "math_minus_math500_gsm8k_train",
-        "train.lr": 1e-6, **CODE_OPTIMIZER, "solver_lr_schedule": "cosine", **CODE_SAMPLING, "label_max_tokens": 2048},
+        "roles.questioner.mini_batch_size": 64, "roles.questioner.epochs": 2, "solver_questions": 512,
+        "solver_group": 8,
+        "roles.solver.mini_batch_size": 1024, "roles.solver.epochs": 2, "pool_p_denominator": "all",
+        "advantage": "grpo",
+        "solver_format_weight": 0.1, "filter_prove": False, "k": 128,
+        "reference_corpus": "math_minus_math500_gsm8k_train",
+        "train.lr": 1e-6, **CODE_OPTIMIZER, "roles.solver.lr_schedule": "cosine", **CODE_SAMPLING,
+        "label_max_tokens": 2048},
 }
 # AdamW steps per questioner / solver loop step in the source (spec prism.md §7; R-Zero's EasyR1 config)
 OPT_STEPS = {
@@ -78,6 +86,9 @@ def resolved(recipe: str, preset: str, key: str):
     config, params, _ = resolve(recipe, preset=preset)
     if key.startswith("train."):
         return getattr(config.train, key.split(".", 1)[1])
+    if key.startswith("roles."):  # a role's own setting; None: the run's train.* value
+        _, role, name = key.split(".")
+        return getattr(config.roles.get(role), name, None)
     if key.startswith("config."):
         node = config
         for part in key.split(".")[1:]:
@@ -90,9 +101,10 @@ def resolved(recipe: str, preset: str, key: str):
 def test_r_zero_and_prism_presets(recipe, preset):
     for key, want in R_ZERO_TABLE[(recipe, preset)].items():
         assert resolved(recipe, preset, key) == want, key
-    _, p, _ = resolve(recipe, preset=preset)
-    questioner = math.ceil(p.questioner_prompts * p.questioner_group / p.questioner_mini_batch_size) * p.questioner_epochs
-    solver = math.ceil(p.solver_questions * p.solver_group / p.solver_mini_batch_size) * p.solver_epochs
+    config, p, _ = resolve(recipe, preset=preset)
+    q, s = config.roles["questioner"], config.roles["solver"]
+    questioner = math.ceil(p.questioner_prompts * p.questioner_group / q.mini_batch_size) * q.epochs
+    solver = math.ceil(p.solver_questions * p.solver_group / s.mini_batch_size) * s.epochs
     assert (questioner, solver) == OPT_STEPS[(recipe, preset)]
 
 
@@ -108,12 +120,10 @@ def test_every_paper_and_code_preset_states_its_step_structure():
         config, p, _ = resolve("infuser", preset=preset)
         assert (p.minibatch_prompts * p.group_size, config.train.epochs) == (256, 1)
     # PasoDoble: one step per batch for both roles in the paper; the code's Solver steps every 2 sequences
-    _, paper, _ = resolve("pasodoble", preset="paper")
-    assert (paper.proposer_mini_batch_size, paper.proposer_epochs, paper.solver_mini_batch_size,
-            paper.solver_epochs) == (0, 1, 0, 1)
-    _, code, _ = resolve("pasodoble", preset="reference_code")
-    assert (code.proposer_mini_batch_size, code.proposer_epochs, code.solver_mini_batch_size,
-            code.solver_epochs) == (0, 1, 2, 1)
+    for preset, solver_mini_batch in (("paper", 0), ("reference_code", 2)):
+        roles = resolve("pasodoble", preset=preset)[0].roles
+        assert (roles["proposer"].mini_batch_size, roles["proposer"].epochs, roles["solver"].mini_batch_size,
+                roles["solver"].epochs) == (0, 1, solver_mini_batch, 1), preset
 
 
 def test_pasodoble_counts_updates():

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import records
 from test_r_zero import TINY, question, stub_labels, stub_questions
 from typer.testing import CliRunner
 
@@ -66,7 +67,8 @@ def test_ablation_switches(random_model_dir, space_dir):
     _, params, _ = resolve("prism", preset="small")
     assert params.gamma == 0.95 and params.questioner_init == "solver" and params.band == [0.5, 0.9]
     _, paper, _ = resolve("prism", preset="paper")
-    assert paper.k == 128 and paper.lam == 5.0 and paper.gamma == 0.99 and paper.reference_corpus == "math_minus_math500"
+    assert paper.k == 128 and paper.lam == 5.0 and paper.gamma == 0.99
+    assert paper.reference_corpus == "math_minus_math500"
 
 
 def test_solver_init_at_each_iteration_and_counts_carry_over(random_model_dir, space_dir):
@@ -92,7 +94,7 @@ def test_pool_rows_carry_clusters(random_model_dir, space_dir):
     stub_questions(recipe, ["0+1", "1+2", "2+3", "3+1"])
     stub_labels(recipe, [["1", "1"], ["1", "2"], ["1", "1"], ["1", "2"]])
     out = recipe.step(3)
-    rows = [r for r in out.samples if r["phase"] == "pool"]
+    rows = [r for r in records(out) if r["phase"] == "pool"]
     assert [r["cluster"] for r in rows] == [0, 1, 2, 3] and [r["in_pool"] for r in rows] == [False, True, False, True]
     assert out.metrics["coverage/generated_active"] == 4 and out.metrics["coverage/pool_active"] == 2
     assert recipe.coverage.updates == 0  # the pool never touches the counts

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from helpers import records
 from typer.testing import CliRunner
 
 from coevolve.cli import app
@@ -104,7 +105,7 @@ def test_questioner_step_trains_the_questioner_only(random_model_dir):
     out = recipe.step(1)
     assert all(torch.equal(a, b) for a, b in zip(solver_before, recipe.solver_policy.model.parameters()))
     assert not all(torch.equal(a, b) for a, b in zip(questioner_before, recipe.questioner.model.parameters()))
-    rows = out.samples
+    rows = records(out)
     assert [r["solve_rate"] for r in rows] == [1.0, 1.0, 0.5, 1.0]
     assert [r["reward"] for r in rows] == pytest.approx([0.0, 0.0, 0.75, 0.0])
     assert all(r["role"] == "generator" and r["phase"] == "question" and r["iteration"] == 1 for r in rows)
@@ -120,7 +121,7 @@ def test_frozen_generator_never_updates_the_questioner(random_model_dir, recipe_
     stub_labels(recipe, [["3", "3"], ["3", "3"], ["12", "7"], ["4", "4"]] * 10)
     questioner_before = [t.clone() for t in recipe.questioner.model.parameters()]
     out = recipe.step(1)  # a questioner step with a non-zero reward
-    assert any(r["reward"] for r in out.samples)
+    assert any(r["reward"] for r in records(out))
     assert all(torch.equal(a, b) for a, b in zip(questioner_before, recipe.questioner.model.parameters()))
     assert not recipe.questioner_trainer.optimizer.state
 
@@ -134,9 +135,9 @@ def test_pool_band_and_solver_step(random_model_dir):
     assert recipe.pool_iteration == 1
     assert sorted((i.question, i.label, i.p) for i in recipe.pool) == [
         ("2+2", "4", 0.5), ("3+3", "6", 0.25), ("4+4", "8", 0.75)]
-    pool_rows = [r for r in out.samples if r["phase"] == "pool"]
+    pool_rows = [r for r in records(out) if r["phase"] == "pool"]
     assert [r["in_pool"] for r in pool_rows] == [False, True, True, True]
-    solver_rows = [r for r in out.samples if r["role"] == "solver"]
+    solver_rows = [r for r in records(out) if r["role"] == "solver"]
     assert len(solver_rows) == 2 * 2 and {r["label_source"] for r in solver_rows} == {"majority"}
     by_question = {i.question: i.label for i in recipe.pool}
     assert all(r["label"] == by_question[r["question"]] for r in solver_rows)
@@ -183,7 +184,7 @@ def test_solver_reward_weighs_agreement_and_format(random_model_dir):
         return [[completion(t.format(label, label)) for t in texts] for label in labels]
 
     recipe.sample_groups = sample_groups
-    rows = [r for r in recipe.step(3).samples if r["role"] == "solver"]
+    rows = [r for r in records(recipe.step(3)) if r["role"] == "solver"]
     assert [r["reward_terms"] for r in rows[:4]] == [{"agree": 1.0, "format": 0.0}, {"agree": 0.0, "format": 1.0},
                                                      {"agree": 1.0, "format": 1.0}, {"agree": 0.0, "format": 0.0}]
     assert [r["reward"] for r in rows] == pytest.approx([0.9, 0.1, 1.0, 0.0] * 2)
@@ -265,8 +266,8 @@ def test_presets_resolve():
 
 
 def test_optimizer_steps_per_role_follow_mini_batches_and_epochs(random_model_dir):
-    recipe, _ = make("r_zero", random_model_dir, "params.questioner_mini_batch_size=1", "params.questioner_epochs=2",
-                     "params.solver_mini_batch_size=3", "params.solver_epochs=3", "params.pool_size=4")
+    recipe, _ = make("r_zero", random_model_dir, "roles.questioner.mini_batch_size=1", "roles.questioner.epochs=2",
+                     "roles.solver.mini_batch_size=3", "roles.solver.epochs=3", "params.pool_size=4")
     stub_questions(recipe, ["1+2", "2+2", "3+3", "4+4"])
     stub_labels(recipe, [["1", "1", "2", "3"]] * 100)  # p = 1/2 everywhere: in the band, every pool question kept
     out = recipe.step(1)  # 2 prompts x 2 outputs = 4 sequences, one per AdamW step, 2 epochs
@@ -278,7 +279,7 @@ def test_optimizer_steps_per_role_follow_mini_batches_and_epochs(random_model_di
 
 def test_unset_role_settings_are_the_runs_train_settings(random_model_dir):
     recipe, _ = make("r_zero", random_model_dir, "train.mini_batch_size=5", "train.epochs=3",
-                     "params.solver_epochs=1")
+                     "roles.solver.epochs=1")
     assert (recipe.questioner_trainer.settings.mini_batch_size, recipe.questioner_trainer.settings.epochs) == (5, 3)
     assert (recipe.solver_trainer.settings.mini_batch_size, recipe.solver_trainer.settings.epochs) == (5, 1)
 
@@ -301,7 +302,8 @@ def test_advantage_scale_and_warnings(random_model_dir, caplog):
         caplog.clear()
         out = recipe.step(3)
     assert out.metrics["pool/size"] == 0 and out.metrics.get("solver/optimizer_steps", 0) == 0
-    assert [r.getMessage() for r in caplog.records] == ["step 3: the solver pool of iteration 1 is empty; no solver update"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "step 3: the solver pool of iteration 1 is empty; no solver update"]
 
 
 def test_cli_run_and_resume(tmp_path, random_model_dir):

@@ -8,15 +8,23 @@ import signal
 
 import pytest
 from run_checks import DYNAMIC_RL_RUN, assert_same_training, run_killed, train_rows
+from test_tracking import assert_rows_logged, offline_wandb
 from typer.testing import CliRunner
+from wandb_offline import offline_runs
 
 from coevolve.cli import app
 
 
 @pytest.mark.parametrize("kill_point", ["after_samples", "mid_checkpoint"])
-def test_sigkill_mid_step_then_resume(tmp_path, small_tiny_arith, dynamic_rl_run, kill_point):
+def test_sigkill_mid_step_then_resume(tmp_path, small_tiny_arith, dynamic_rl_run, kill_point, monkeypatch):
+    """The run killed after its samples also reports to W&B (offline): the resumed run continues the same W&B run,
+    and its offline files hold every metrics row; reporting changes nothing in training."""
     killed = tmp_path / "killed"
     args = [*DYNAMIC_RL_RUN, "--set", f"model={small_tiny_arith[1]}", "--out", str(killed)]
+    wandb_dir = None
+    if kill_point == "after_samples":
+        wandb_dir = offline_wandb(monkeypatch, tmp_path)
+        args += ["--set", "report_to=[tensorboard,wandb]"]
     proc = run_killed(kill_point, args)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert not (killed / "summary.json").exists()
@@ -33,6 +41,15 @@ def test_sigkill_mid_step_then_resume(tmp_path, small_tiny_arith, dynamic_rl_run
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
     assert json.loads((killed / "summary.json").read_text())["steps"] == 3
     assert_same_training(dynamic_rl_run, killed, small_tiny_arith[1], ("policy/loss", "policy/grad_norm"))
+    if wandb_dir is not None:
+        killed_run, resumed = offline_runs(wandb_dir)
+        saved = json.loads((killed / "wandb_run.json").read_text())["id"]
+        assert killed_run.id == resumed.id == saved  # one W&B run, continued
+        # SIGKILL took wandb-core's unwritten buffer (here all the killed process logged); the resumed process sent
+        # the rows before the resume point again, so the W&B run holds every row
+        assert resumed.config["recipe"] == "dynamic_rl" and resumed.config["report_to"] == ["tensorboard", "wandb"]
+        assert_rows_logged(killed, killed_run.history + resumed.history)
+        assert sorted(h["step"] for h in resumed.history if "policy/loss" in h) == [1, 2, 3]
 
 
 def test_resume_of_a_finished_run_can_extend_it(tmp_path, random_model_dir):

@@ -198,3 +198,14 @@ def test_pool_embeddings_are_cached_and_rebuilt_by_step():
     calls.clear()
     assert np.array_equal(cache.matrix(pool), before)
     assert calls == [["1+1"], ["2+3", "10*10"]]  # one call per step that added problems, as first embedded
+
+
+def test_a_pool_state_of_the_wrong_type_is_refused():
+    """A saved pool whose problems are not text raises (a damaged checkpoint), and the pool is left loadable."""
+    pool = ProblemPool(["seed problem"])
+    for bad in ({"entries": [{"text": 17, "step": 0}]}, {"entries": [{"text": "x", "step": 0, "concepts": [3]}]},
+                {"entries": "nope"}):
+        with pytest.raises((TypeError, KeyError, ValueError, AttributeError)):  # what the loop reads as damage
+            pool.load_state_dict(bad)
+    pool.load_state_dict({"entries": [{"text": "a problem", "step": 2, "concepts": ["sums"]}]})
+    assert len(pool) == 1

@@ -113,6 +113,25 @@ def test_kl_reference_and_lora(random_policy):
     assert _engine(wrapped).generate(["W:\n"], SamplingParams(max_new_tokens=4), seed=0)[0].token_ids
 
 
+def test_lora_adapters_start_from_the_trainers_seed(random_policy):
+    """Every rank, and every run, starts from the same adapters: their random start draws from the trainer's seed, not
+    from the process's random state (which differs between ranks), and leaves that state alone."""
+    import copy
+
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    starts = []
+    for process_seed, trainer_seed in ((1, 0), (2, 0), (1, 5)):
+        torch.manual_seed(process_seed)
+        next_draw = torch.rand(3)
+        torch.manual_seed(process_seed)
+        trainer = PolicyTrainer(copy.deepcopy(random_policy.model), random_policy.tokenizer,
+                                UpdateSettings(lora=lora), seed=trainer_seed)
+        assert torch.equal(torch.rand(3), next_draw)  # the process's random state is as it was
+        starts.append([p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_A" in n])
+    assert all(torch.equal(a, b) for a, b in zip(starts[0], starts[1]))
+    assert not all(torch.equal(a, b) for a, b in zip(starts[0], starts[2]))
+
+
 def test_micro_batches_accumulate_to_the_full_batch_step(random_policy):
     """One optimizer step over 4 sequences accumulates the same gradient with micro-batches of 1, 2 or 4."""
     import copy

@@ -9,6 +9,7 @@ import statistics
 
 import pytest
 
+from coevolve.formats import Generation
 from coevolve.grading.vote import majority_vote
 from coevolve.loop import run
 from coevolve.recipes import resolve
@@ -70,8 +71,8 @@ def test_r_zero_solver_phases_start_a_fresh_adamw_and_follow_the_schedule(random
     """Steps 3-4 and 7-8 are the solver's phases (2 + 2 steps per iteration): its AdamW step count restarts at the
     second phase only with ``phase``; the cosine lr is at 55% of the peak at the phase's second step."""
     for reset, count in (("phase", 1), ("never", 3)):
-        recipe, _ = make("r_zero", random_model_dir, "params.pool_size=4", f"params.solver_optimizer_reset={reset}",
-                         "params.solver_lr_schedule=cosine", "train.lr_min_ratio=0.1", "train.lr=1e-3")
+        recipe, _ = make("r_zero", random_model_dir, "params.pool_size=4", f"roles.solver.optimizer_reset={reset}",
+                         "roles.solver.lr_schedule=cosine", "train.lr_min_ratio=0.1", "train.lr=1e-3")
         stub_questions(recipe, ["1+2", "2+2", "3+3", "4+4"])
         stub_labels(recipe, [["1", "1", "2", "3"]] * 100)  # p = 1/2: every pool question kept
         opt = recipe.solver_trainer.optimizer
@@ -86,20 +87,20 @@ def test_r_zero_solver_phases_start_a_fresh_adamw_and_follow_the_schedule(random
 
 
 def test_a_schedule_needs_a_recipe_with_phases():
+    """Refused while the config resolves, before any model is built (issue 32: it used to build tiny-arith first)."""
     from coevolve.config import ConfigError
 
-    config, params, cls = resolve("grpo", preset="small", sets=["train.lr_schedule=cosine"])
-    with pytest.raises(ConfigError, match="train.lr_schedule"):
-        cls(config, params)
+    for setting in ("train.lr_schedule=cosine", "train.optimizer_reset=phase"):
+        with pytest.raises(ConfigError, match=setting.split("=")[0]):
+            resolve("grpo", preset="small", sets=[setting])
 
 
 def test_scoring_settings_need_a_recipe_that_scores_questions():
     """rollout.scoring on a recipe without scoring votes would change nothing: one ConfigError, not silence."""
     from coevolve.config import ConfigError
 
-    config, params, cls = resolve("pasodoble", preset="small", sets=["rollout.scoring.top_k=40"])
     with pytest.raises(ConfigError, match="rollout.scoring.*only prism, r_zero"):
-        cls(config, params)
+        resolve("pasodoble", preset="small", sets=["rollout.scoring.top_k=40"])
 
 
 def test_unanswered_samples_stay_in_the_pool_denominator(random_model_dir):
@@ -124,7 +125,7 @@ def _pasodoble(model_dir, *sets):
         "params.solutions=4", "rollout.max_new_tokens=8", "params.proposer_max_tokens=8", "train.lr=1e-2",
         "params.solver_reward=random_full", "params.tau_low=0", *sets])
     recipe = cls(config, params)
-    recipe.read_generation = lambda text, passage: ("a+b", "7")
+    recipe.read_generation = lambda output, document: Generation("a+b", "7")
     return recipe, config
 
 

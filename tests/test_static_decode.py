@@ -103,8 +103,11 @@ def test_bf16_copy_logprobs_are_within_bf16_rounding_of_the_trainer_and_turn_tis
                       for i, c in enumerate(completions)])
     assert next(engine.copy.model.parameters()).dtype == torch.bfloat16
     assert 0 < gaps.max() < 0.02 and gaps.mean() < 0.004, (gaps.max(), gaps.mean())  # bf16 rounding (0.0018, 4e-4)
-    assert resolve("grpo", sets=["rollout.dtype=bf16"])[0].train.tis_cap == DEFAULT_TIS_CAP
-    assert resolve("grpo", sets=["rollout.dtype=fp32"])[0].train.tis_cap is None
+    config, params, cls = resolve("grpo")
+    assert cls.tis_cap(config, params, bf16_sampler=True) == DEFAULT_TIS_CAP
+    assert cls.tis_cap(config, params, bf16_sampler=False) is None
+    config, params, cls = resolve("grpo", sets=["train.tis_cap=5"])
+    assert cls.tis_cap(config, params, bf16_sampler=True) == 5.0  # an explicit cap wins
 
 
 def test_the_copy_follows_the_trainers_updates_and_can_be_freed(tokenizer):
@@ -163,3 +166,34 @@ def test_cuda_graphs_replay_the_same_steps_as_the_uncaptured_decoder(tokenizer):
     assert [c.finish_reason for c in runs[True]] == [c.finish_reason for c in runs[False]]
     for mine, theirs in zip(runs[True], runs[False]):
         assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-4)
+
+
+@pytest.mark.parametrize("sync_every", [2, 4])
+def test_a_stop_string_across_two_host_checks_ends_the_row_where_the_plain_loop_does(tokenizer, sync_every):
+    """The first host check sees tokens 0..sync_every; a stop string whose first characters are its last tokens and
+    whose rest comes in the next chunk (2 and 3 characters: one token each here) ends the row at the same token,
+    with the same log-probs, as the plain loop that checks after every token."""
+    model = gqa_llama(tokenizer)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    plain_texts = [tokenizer.decode(c.token_ids) for c in
+                   HFRolloutEngine(model, tokenizer, batch_size=64).generate(PROMPTS[:50], greedy, seed=0)]
+    checked = 0
+    for span in (2, 3):
+        start = sync_every + 1 - (span - 1)  # the stop string's first token is in the first check's chunk
+        for prompt, text in zip(PROMPTS[:50], plain_texts):
+            stop = text[start:start + span]
+            if len(stop) < span or stop in text[:start + span - 1] or tokenizer.eos_token in stop:
+                continue  # it must complete exactly at token start + span - 1, the second chunk's first token
+            params = SamplingParams(temperature=0.0, max_new_tokens=12, stop=(stop,))
+            plain = HFRolloutEngine(model, tokenizer, batch_size=64).generate([prompt], params, seed=0)[0]
+            static_engine = HFRolloutEngine(model, tokenizer, batch_size=64, dtype=torch.float32,
+                                            sync_every=sync_every)
+            static = static_engine.generate([prompt], params, seed=0)[0]
+            assert static_engine.decoder is not None
+            assert plain.finish_reason == static.finish_reason == "stop"
+            assert len(plain.token_ids) == start + span  # ends on the token that completes the stop string
+            assert static.token_ids == plain.token_ids
+            assert static.logprobs == pytest.approx(plain.logprobs, abs=1e-5)
+            checked += 1
+            break
+    assert checked == 2  # both spans found a prompt whose greedy text puts the stop string across the boundary

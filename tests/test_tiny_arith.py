@@ -67,7 +67,8 @@ def built(small_tiny_arith):
 def test_build_folder_and_cache_hit(built):
     cache, folder = built
     assert folder.parent == cache and folder.name == f"tiny-arith-{TinyArithBuild.for_tests().fingerprint()}"
-    assert {"model.safetensors", "config.json", "tokenizer.json", "build_info.json"} <= {p.name for p in folder.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "build_info.json"} <= {
+        p.name for p in folder.iterdir()}
     assert not [p for p in cache.iterdir() if ".tmp-" in p.name]
     info = json.loads((folder / "build_info.json").read_text())
     assert set(info["accuracy"]) == {str(lv) for lv in arith.LEVELS}
@@ -88,7 +89,8 @@ def test_built_model_emits_parseable_formats(built):
     answers = [arith.parse_answer(o.text) for o in outputs]
     assert sum(a is not None and a.lstrip("-").isdigit() for a in answers) >= 0.75 * len(problems)
     assert all(o.finish_reason == "eos" for o in outputs[:16])
-    written = engine.generate([arith.question_prompt()] * 16, SamplingParams(temperature=1.0, max_new_tokens=48), seed=0)
+    written = engine.generate([arith.question_prompt()] * 16, SamplingParams(temperature=1.0, max_new_tokens=48),
+                              seed=0)
     assert sum(o.text.startswith("Q:") for o in written) >= 12
 
 

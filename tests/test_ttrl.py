@@ -9,6 +9,7 @@ import signal
 
 import pytest
 import torch
+from helpers import records
 from run_checks import assert_same_training, run_killed, train_rows
 from typer.testing import CliRunner
 
@@ -116,9 +117,8 @@ def test_the_papers_cosine_schedule_runs_over_the_whole_run(random_model_dir):
         trainer.phase_step(half, config.steps)  # half way: about half the peak of 5e-7
         factor = 0.5 * (1 + math.cos(math.pi * (half - warm) / (config.steps - warm)))
         assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-7 * factor) and 0.5 <= factor < 0.53
-    config, params, cls = resolve("grpo", sets=[f"model={random_model_dir}", "train.lr_schedule=cosine"])
     with pytest.raises(ConfigError, match="grpo has no phases; only recipes with phases .*ttrl"):
-        cls(config, params)
+        resolve("grpo", sets=[f"model={random_model_dir}", "train.lr_schedule=cosine"])
 
 
 def test_step_rewards_agreement_with_the_majority_never_the_ground_truth(random_model_dir):
@@ -126,7 +126,7 @@ def test_step_rewards_agreement_with_the_majority_never_the_ground_truth(random_
     recipe.sample_groups = _canned(recipe.policy.tokenizer, _texts)
     recipe.batch = lambda step: [0, 1, 2]  # pool order fixed for the worked example
     out = recipe.step(1)
-    rows = out.samples
+    rows = records(out)
     assert len(rows) == 3 * 6 and [r["trained"] for r in rows[:6]] == [True] * 4 + [False] * 2
     truth = [str(arith.evaluate(recipe.pool[i].question, recipe.pool[i].doc)) for i in range(3)]
     assert [recipe.pool[i].answer for i in range(3)] == truth
@@ -149,8 +149,8 @@ def test_step_rewards_agreement_with_the_majority_never_the_ground_truth(random_
     recipe.sample_groups = _canned(recipe.policy.tokenizer,
                                    lambda g, right: [f"A:{right}"] * 4 + ["S:?"] * 2 if g == 0 else _texts(g, right))
     again = recipe.step(2)
-    tie_changed = again.samples[12]["label"] != tie_label  # a tie is drawn again with step 2's seed
-    assert again.samples[0]["label"] == truth[0] and again.samples[6]["label"] == truth[1]
+    tie_changed = records(again)[12]["label"] != tie_label  # a tie is drawn again with step 2's seed
+    assert records(again)[0]["label"] == truth[0] and records(again)[6]["label"] == truth[1]
     assert again.metrics["ttrl/seen_before_rate"] == 1.0
     assert again.metrics["ttrl/majority_changed_rate"] == pytest.approx((1 + tie_changed) / 3)
 
@@ -159,7 +159,7 @@ def test_ground_truth_arm_rewards_the_hidden_answer(random_model_dir):
     recipe = _recipe(random_model_dir, "params.label_source=ground_truth")
     recipe.sample_groups = _canned(recipe.policy.tokenizer, _texts)
     recipe.batch = lambda step: [0, 1, 2]
-    rows = recipe.step(1).samples
+    rows = records(recipe.step(1))
     assert [r["reward"] for r in rows[:4]] == [0.0, 0.0, 0.0, 1.0]
     assert all(r["label_source"] == "ground_truth" for r in rows)
 
@@ -234,3 +234,14 @@ def test_report_and_compare_show_the_vote(tmp_path, ttrl_run):
     summary = vote_summary(load_run(ttrl_run))
     assert rows[0]["label_accuracy_first"] == pytest.approx(summary["label_accuracy_first"])
     assert 0 <= rows[0]["vote_margin_mean"] <= 1 and rows[0]["heldout_final"] is not None
+
+
+def test_a_vote_history_of_the_wrong_type_is_refused_as_damage(random_model_dir):
+    """A checkpoint's recipe state whose vote history holds no answers raises (the loop then sets the checkpoint
+    aside as damaged and resumes from an older one) instead of failing later in a step."""
+    recipe = _recipe(random_model_dir)
+    for bad in ({"last_label": {"pool0": [1, 2]}}, {"last_label": [["pool0", "5"], [1, "7"]]}, {}):
+        with pytest.raises((TypeError, KeyError)):
+            recipe.load_state_dict(bad)
+    recipe.load_state_dict({"last_label": {"pool0": "5", "pool1": None}})
+    assert recipe.last_label == {"pool0": "5", "pool1": None}

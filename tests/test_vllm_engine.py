@@ -185,8 +185,9 @@ def test_grpo_run_with_the_vllm_engine_logs_sync_and_ratio(tmp_path, vllm_model_
         f"model={vllm_model_dir}", "rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.05", "steps=2",
         "params.questions_per_step=4", "params.group_size=4", "eval_sets=[arith_l1]", "eval_limit=8",
         "eval_every=0", "rollout.max_new_tokens=24"])
-    assert config.train.tis_cap == 2.0  # vLLM's log-probs are the behaviour policy of TIS by default
-    run(cls(config, params), config, tmp_path / "run", progress=False)
+    recipe = cls(config, params)
+    assert recipe.trainers()["solver"].settings.tis_cap == 2.0  # vLLM's log-probs: TIS's behaviour policy by default
+    run(recipe, config, tmp_path / "run", progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time/step_s" in r]
     assert len(steps) == 2
@@ -221,7 +222,8 @@ def test_smollm2_converted_folder_matches_the_gguf_model_after_a_weight_change(c
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     gap = max_logprob_gap(policy, got, temperature=1.0)
     with capsys.disabled():
-        print(f"\nsmollm2-135m, vLLM vs trainer log-probs after a weight change: max |diff| = {gap:.2e}", file=sys.stderr)
+        print(f"\nsmollm2-135m, vLLM vs trainer log-probs after a weight change: max |diff| = {gap:.2e}",
+              file=sys.stderr)
     assert gap < 1e-3
 
 

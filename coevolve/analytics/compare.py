@@ -14,8 +14,9 @@ import csv
 import io
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -193,7 +194,7 @@ def transposed(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any
     return header, [[k] + [r.get(k) for r in rows] for k in keys if any(r.get(k) is not None for r in rows)]
 
 
-def rich_table(rows: Sequence[dict[str, Any]]) -> "Table":
+def rich_table(rows: Sequence[dict[str, Any]]) -> Table:
     """The comparison as a rich Table for the terminal: one column per run, one line per metric."""
     from rich.table import Table
 

@@ -15,8 +15,9 @@ import html
 import io
 import random
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -455,6 +456,8 @@ def _summary_html(run: RunData, an: dict[str, Any]) -> str:
     acc_rows = []
     for s in run.eval_sets():
         steps, values = run.series(f"eval/{s}/accuracy")
+        if not values:  # logged, but never as a number
+            continue
         best = int(np.argmax(values))
         lenient = dict(zip(*run.series(f"eval/{s}/accuracy_lenient")))
         acc_rows.append([s, values[-1], lenient.get(steps[-1]), steps[-1], values[best], steps[best]])

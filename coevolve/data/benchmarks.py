@@ -166,7 +166,8 @@ def _register(benchmarks: Sequence[Benchmark]) -> dict[str, Benchmark]:
 BENCHMARKS: dict[str, Benchmark] = _register([
     Benchmark("gsm8k", "math", "GSM8K test, 1319 grade-school word problems (numeric answers)",
               _gsm8k, "gsm8k/test.jsonl", ("openai/gsm8k", "main", "test"), 1319),
-    Benchmark("gsm8k_train", "math", "GSM8K train, 7473 problems (training data for the grpo baseline, never evaluated)",
+    Benchmark("gsm8k_train", "math",
+              "GSM8K train, 7473 problems (training data for the grpo baseline, never evaluated)",
               lambda rows: _gsm8k(rows, "gsm8k_train"), "gsm8k/train.jsonl", ("openai/gsm8k", "main", "train"), 7473),
     Benchmark("math500", "math", "MATH-500, the PRM800K 500-problem subset of the MATH test set",
               _math500, "math500/test.jsonl", ("HuggingFaceH4/MATH-500", None, "test"), 500),

@@ -102,7 +102,7 @@ class Outcome:
         return self.status == "ok"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bwrap_options(bwrap: str) -> frozenset[str]:
     """The options this bubblewrap knows (``--size`` and ``--disable-userns`` are recent)."""
     try:
@@ -320,6 +320,8 @@ class Executor:
                  confinement: Confinement = "bwrap"):
         if confinement not in ("bwrap", "none"):
             raise ValueError(f"confinement must be 'bwrap' or 'none', got {confinement!r}")
+        if not sys.platform.startswith("linux"):  # pidfd, /proc, prctl and RLIMIT_NPROC, even unconfined
+            raise SandboxUnavailable(f"the executor of model-written code needs Linux; this is {sys.platform}")
         if confinement == "bwrap":
             problem = sandbox_problem()
             if problem is not None:
@@ -365,17 +367,18 @@ class Executor:
         self.close()
 
     def _start(self, slot: int) -> _Worker:
-        uid = _sandbox_uid() if self.confinement == "bwrap" else None
-        if self.confinement == "bwrap":
-            prefix, root, cwd = _bwrap_command(shutil.which("bwrap") or "bwrap", _interpreter(), self.limits, uid), \
-                "/tmp", None
+        confined = self.confinement == "bwrap"
+        uid = _sandbox_uid() if confined else None
+        if confined:
+            bwrap = shutil.which("bwrap") or "bwrap"
+            prefix, root, cwd = _bwrap_command(bwrap, _interpreter(), self.limits, uid), "/tmp", None
         else:
-            root = os.path.join(self._root, f"worker-{slot}")
+            root = cwd = os.path.join(self._root, f"worker-{slot}")
             shutil.rmtree(root, ignore_errors=True)
             os.mkdir(root, 0o700)
-            prefix, cwd = [_interpreter()], root
-        config = {"uid": uid, "confined": self.confinement == "bwrap", "root": root, "limits": asdict(self.limits)}
-        return _Worker([*prefix, "-s", "-S", "-c", self._source, json.dumps(config)], cwd, config["confined"])
+            prefix = [_interpreter()]
+        config = {"uid": uid, "confined": confined, "root": root, "limits": asdict(self.limits)}
+        return _Worker([*prefix, "-s", "-S", "-c", self._source, json.dumps(config)], cwd, confined)
 
     def _replace(self, slot: int) -> _Worker:
         old = self._slots[slot]

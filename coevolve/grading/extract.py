@@ -9,7 +9,7 @@ inspects free text around a keyword does so inside a bounded window. The extract
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 from .guard import parses_model_text
 
@@ -55,7 +55,8 @@ def extract_lenient(text: str) -> str | None:
 
     A number is an integer, a decimal, ``a/b``, ``\\frac{a}{b}`` (also ``\\dfrac``/``\\tfrac``) or a
     thousands-separated integer (returned without its commas), with a sign unless the minus follows a digit,
-    letter or closing bracket, or one of them and a space (``7-5`` and ``7 - 5`` give ``5``); ASCII digits only. None when the text has neither.
+    letter or closing bracket, or one of them and a space (``7-5`` and ``7 - 5`` give ``5``); ASCII digits only. None
+    when the text has neither.
     """
     box = _last_box(text)
     number = _last_match(_NUMBER, text)

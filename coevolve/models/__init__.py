@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EXPORT_MANIFEST = "coevolve_export.json"  # what `coevolve export` wrote into a folder, and the model's prompt style
 BUILTIN_MODELS = {
     "tiny-arith": "the project's character-level arithmetic model, built on first use (a few minutes)",
     "tiny-program": "the character-level model of AZR's program world (azr --preset small), built on first use",
@@ -99,7 +101,8 @@ def smollm2_hf_folder(cache_dir: Path | None = None) -> Path:
 
 
 def hf_model_source(name_or_path: str) -> str:
-    """A Hugging Face folder or hub id with the model's architecture and tokenizer, for engines that load their own copy."""
+    """A Hugging Face folder or hub id with the model's architecture and tokenizer, for engines that load their own
+    copy."""
     if name_or_path in TINY_BUILDS:
         return str(TINY_BUILDS[name_or_path]())
     if name_or_path == "smollm2-135m":
@@ -129,6 +132,24 @@ def _quiet_hub() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def prepare_builtin(name: str, *, progress: bool = True) -> None:
+    """Build a built-in model that is built on first use (``tiny-arith``) if its cache lacks it, with a progress bar
+    unless ``progress`` is false; other names need nothing."""
+    if name == "tiny-arith":
+        from coevolve.models.tiny_arith import ensure_tiny_arith
+
+        ensure_tiny_arith(progress=progress)
+
+
+def _exported_style(folder: Path) -> str | None:
+    """The prompt style an exported folder's manifest records (``coevolve export``), or None."""
+    try:
+        manifest = json.loads((folder / EXPORT_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest.get("prompt_style") if isinstance(manifest, dict) else None
+
+
 def load_policy(
     name_or_path: str,
     *,
@@ -154,8 +175,8 @@ def load_policy(
             raise ModelNotFoundError(f"model path {name_or_path} does not exist")
         if Path(name_or_path).exists():
             _quiet_hub()
-            if (Path(name_or_path) / "build_info.json").exists():  # a tiny-arith or tiny-program build folder
-                style = "compact"
+            if (Path(name_or_path) / "build_info.json").exists() or _exported_style(Path(name_or_path)) == "compact":
+                style = "compact"  # a tiny-arith or tiny-program build folder, or an export of a model trained from one
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)

@@ -216,8 +216,8 @@ def _torch_threads(build: CharModelBuild) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def pretrain(build: CharModelBuild, progress: bool = False
-             ) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, list[float]]:
+def pretrain(build: CharModelBuild,
+             progress: bool = False) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, list[float]]:
     """Train a fresh model from scratch; returns (model in eval mode, tokenizer, loss per step).
 
     Deterministic for given settings on a given machine: seeded init and data order, and a fixed

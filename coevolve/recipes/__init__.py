@@ -1,24 +1,34 @@
-"""One file per method; ``resolve`` layers a recipe's defaults, a preset, a YAML file and --set overrides."""
+"""One file per method; ``resolve`` layers a recipe's defaults, a preset, a YAML file and --set overrides.
+
+Every module of this package but ``base`` and ``generator`` is a recipe, imported here so that its ``@register``
+runs: a new recipe is a new file, with no import list to edit.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import importlib
+import pkgutil
+from collections.abc import Sequence
+from typing import Any
 
-from coevolve.config import ConfigError, RunConfig, deep_merge, load_yaml, parse_set, validate
-from coevolve.formats import GeneratorFormat
-from coevolve.recipes import (  # noqa: F401  (importing registers each recipe)
-    azr,
-    dynamic_rl,
-    grpo,
-    infuser,
-    opensir,
-    pasodoble,
-    prism,
-    r_zero,
-    ttrl,
+from coevolve.config import (
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    RoleSettings,
+    RunConfig,
+    deep_merge,
+    load_yaml,
+    parse_set,
+    to_yaml,
+    validate,
 )
+from coevolve.formats import GeneratorFormat
 from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
 from coevolve.recipes.generator import GeneratorRecipe
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in ("base", "generator"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["FORMATS", "RECIPES", "Recipe", "resolve", "resolve_saved"]
 
@@ -37,10 +47,17 @@ def default_eval_sets(task: str) -> list[str]:
 
 
 def _finish(raw: dict[str, Any], recipe_name: str) -> tuple[RunConfig, RecipeParams, type[Recipe]]:
-    config, params = validate(raw, RECIPES[recipe_name].Params)
+    cls = RECIPES[recipe_name]
+    moved = {f"{role}_{key}": f"roles.{role}.{key}" for role in cls.roles for key in RoleSettings.model_fields}
+    config, params = validate(raw, cls.Params, renamed={**moved, **cls.Params.renamed})
     if config.eval_sets is None:
         config.eval_sets = default_eval_sets(config.task)
-    return config, params, RECIPES[recipe_name]
+    cls.check_settings(config, params)
+    saved = len(to_yaml(config).encode("utf-8"))
+    if saved > MAX_CONFIG_BYTES:  # config.yaml must read back: a run that cannot resume is not started
+        raise ConfigError(f"the resolved config is {saved} bytes as config.yaml, over the {MAX_CONFIG_BYTES >> 20} "
+                          f"MiB a config file may have")
+    return config, params, cls
 
 
 def resolve(recipe_name: str, *, preset: str | None = None, config_file: str | None = None,

@@ -9,32 +9,33 @@ from __future__ import annotations
 import hashlib
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Literal, Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from coevolve import distributed
-from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, ConfigError, RunConfig
+from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, ConfigError, RoleSettings, RunConfig
 from coevolve.models import Policy, load_policy
+from coevolve.records import SampleRow
 from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency
-from coevolve.rl.trainer import PolicyTrainer, RoleUpdate, TrainSample, update_settings
+from coevolve.rl.trainer import PolicyTrainer, TrainSample, update_settings
 from coevolve.rollout import Completion, RolloutEngine, SamplingParams, make_engine, weights_version
+from coevolve.tasks.registry import Task, get_task
 
-RECIPES: dict[str, type["Recipe"]] = {}
+RECIPES: dict[str, type[Recipe]] = {}
 
 
 class RecipeParams(BaseModel):
-    """Base of each recipe's ``params`` section (unknown keys and non-finite numbers are errors)."""
+    """Base of each recipe's ``params`` section (unknown keys and non-finite numbers are errors; a key in ``renamed``
+    is refused with one line saying where it went)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    def role_updates(self) -> dict[str, RoleUpdate]:
-        """Each role's own update settings by role name; a role not named trains with the run's ``train``."""
-        return {}
+    renamed: ClassVar[dict[str, str]] = {}
 
 
 ArithLevels = Annotated[list[Literal[1, 2, 3, 4, 5, 6]], Field(min_length=1)]  # levels of the arith world
@@ -45,10 +46,10 @@ class StepOutput:
     """What one training step produced: a metrics row (without step/time) and sample records."""
 
     metrics: dict[str, Any] = field(default_factory=dict)
-    samples: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[SampleRow] = field(default_factory=list)
 
 
-def register(cls: type["Recipe"]) -> type["Recipe"]:
+def register(cls: type[Recipe]) -> type[Recipe]:
     RECIPES[cls.name] = cls
     return cls
 
@@ -64,12 +65,19 @@ def step_seed(seed: int, step: int, purpose: str) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+SOLVER_ROLES = ("solver", "policy")  # the role evaluation measures: a solver, or the one policy that also answers
+
+
 class Recipe:
-    """One method. Subclasses set ``name``, ``summary``, ``Params`` and ``presets`` and implement ``step``; a recipe
-    with a generator subclasses :class:`coevolve.recipes.generator.GeneratorRecipe`."""
+    """One method. A subclass declares ``name``, ``summary``, its ``roles``, ``Params`` and ``presets``, loads its
+    models and makes a trainer per role in ``__init__`` (:meth:`make_trainer`), and implements ``step``; a recipe with
+    a generator subclasses :class:`coevolve.recipes.generator.GeneratorRecipe`. The base sets ``config``, ``params``,
+    ``task`` (the run's task world) and the sampling settings, and knows each role's policy and trainer, so
+    :meth:`trainers`, :meth:`solver` and :attr:`style` need no code in a recipe."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    roles: ClassVar[tuple[str, ...]] = ("solver",)  # the roles it trains, in checkpoint order
     Params: ClassVar[type[RecipeParams]] = RecipeParams
     defaults: ClassVar[dict[str, Any]] = {}
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
@@ -80,25 +88,29 @@ class Recipe:
     def __init__(self, config: RunConfig, params: RecipeParams):
         self.config = config
         self.params = params
+        self.task: Task = get_task(config.task, data_dir=config.data_dir)
         self.sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                                        top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens)
         self.solver_sampling = self.sampling
-        if config.rollout.scoring.model_dump(exclude_none=True) and not self.scores_questions:
-            raise ConfigError(f"config key 'rollout.scoring': {self.name} has no votes that score or label questions; "
-                              f"only {recipes_where('scores_questions')} sample them")
         self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
+        self._role_policies: dict[str, Policy] = {}  # by role, as make_trainer recorded them
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
         self._residency = (Residency(distributed.device_for(config.device)) if config.train.offload_idle_role
                            else None)
 
     # --- what the loop needs ----------------------------------------------------------------------
     def trainers(self) -> dict[str, PolicyTrainer]:
-        """Trainers by role name; their models and optimizers are checkpointed."""
-        raise NotImplementedError
+        """Trainers by role name, in ``roles`` order; their models and optimizers are checkpointed."""
+        return {role: self._trainers[id(self._role_policies[role])] for role in self.roles}
 
     def solver(self) -> Policy:
-        """The policy that evaluation measures."""
-        raise NotImplementedError
+        """The policy that evaluation measures: the ``solver`` role's, or the one ``policy`` of a one-policy recipe."""
+        return self._role_policies[next(role for role in SOLVER_ROLES if role in self._role_policies)]
+
+    @property
+    def style(self) -> str:
+        """The prompt style of the run's model (``compact`` for tiny-arith, ``chat`` otherwise)."""
+        return self.solver().prompt_style
 
     def step(self, step: int) -> StepOutput:
         raise NotImplementedError
@@ -120,6 +132,40 @@ class Recipe:
         return {}
 
     @classmethod
+    def check_settings(cls, config: RunConfig, params: RecipeParams) -> None:
+        """Settings this recipe cannot honour: one ConfigError naming the key, raised while the config resolves
+        (before any model loads or anything is written). Recipes add their own checks and call this one."""
+        if config.rollout.scoring.model_dump(exclude_none=True) and not cls.scores_questions:
+            raise ConfigError(f"config key 'rollout.scoring': {cls.name} has no votes that score or label questions; "
+                              f"only {recipes_where('scores_questions')} sample them")
+        unknown = sorted(set(config.roles) - set(cls.roles))
+        if unknown:
+            raise ConfigError(f"config key 'roles.{unknown[0]}': {cls.name} has no role {unknown[0]!r} (its roles: "
+                              f"{', '.join(cls.roles)})")
+        if not cls.phased:
+            for where, settings in (("train", config.train), *((f"roles.{r}", s) for r, s in config.roles.items())):
+                for key, plain in (("lr_schedule", "constant"), ("optimizer_reset", "never")):
+                    if getattr(settings, key) not in (None, plain):
+                        raise ConfigError(f"config key '{where}.{key}': {cls.name} has no phases; only recipes with "
+                                          f"phases ({recipes_where('phased')}) schedule the lr or reset AdamW per "
+                                          f"phase")
+
+    @classmethod
+    def check_inputs(cls, config: RunConfig, params: RecipeParams) -> None:
+        """Read what the run will read (benchmark files, document sources, question pools) before the model loads,
+        so that a missing or empty input stops the run before anything is built or written (FileNotFoundError for
+        a benchmark file, ConfigError naming the key, TaskDataError for empty data). Recipes add their inputs."""
+        from coevolve.data.benchmarks import load_benchmark
+
+        for name in cls.data_sets(config, params):
+            load_benchmark(name, data_dir=config.data_dir)
+
+    @classmethod
+    def start_model(cls, config: RunConfig, params: RecipeParams, role: str) -> str:
+        """The model (name or folder) that ``role``'s weights start from, before training: the run's ``model``."""
+        return config.model
+
+    @classmethod
     def data_sets(cls, config: RunConfig, params: RecipeParams) -> list[str]:
         """Benchmark files (:mod:`coevolve.data.benchmarks` names) the run reads, checked before the model
         loads: the evaluation sets, and what a recipe adds."""
@@ -130,25 +176,21 @@ class Recipe:
         return load_policy(name or self.config.model, trust_remote_code=self.config.trust_remote_code,
                            device=str(distributed.device_for(self.config.device)))
 
-    def make_trainer(self, policy: Policy, role: str | None = None) -> PolicyTrainer:
-        """A trainer for ``policy`` with the run's ``train`` settings and ``role``'s own (``params.role_updates``)."""
+    def make_trainer(self, policy: Policy, role: str) -> PolicyTrainer:
+        """A trainer for ``policy`` in ``role`` (one of ``roles``), with the run's ``train`` settings and the role's
+        own (:meth:`role_settings`); the role's policy and trainer are what :meth:`trainers` and :meth:`solver`
+        return."""
+        if role not in self.roles or role in self._role_policies:
+            raise ValueError(f"{self.name}: role {role!r} is not one of {self.roles} or has a trainer already")
         train = self.config.train
         on_cuda = distributed.device_for(self.config.device).type == "cuda"
         bf16 = self._bf16(train.dtype)
-        # A bf16 sampler copy's log-probs are not the trainer's: TIS on, as with vLLM (config.py sets it for the
-        # explicit settings; ``auto`` is known here).
-        tis_cap = train.tis_cap if train.tis_cap is not None or not self._bf16(self.config.rollout.dtype) \
-            else DEFAULT_TIS_CAP
         settings = update_settings(
-            train, micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda), tis_cap=tis_cap,
+            train, self.role_settings(role), micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda),
+            tis_cap=self.tis_cap(self.config, self.params, bf16_sampler=self._bf16(self.config.rollout.dtype)),
             norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature, dtype="bf16" if bf16 else "fp32",
             gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing)
-        settings = self.params.role_updates().get(role, RoleUpdate()).apply(settings)
-        if not self.phased and (settings.lr_schedule != "constant" or settings.optimizer_reset != "never"):
-            key = "train.lr_schedule" if settings.lr_schedule != "constant" else "train.optimizer_reset"
-            raise ConfigError(f"config key '{key}': {self.name} has no phases; only recipes with phases "
-                              f"({recipes_where('phased')}) schedule the lr or reset AdamW per phase")
         try:
             trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
         except ValueError as exc:  # peft: a target module the model does not have
@@ -157,9 +199,30 @@ class Recipe:
             raise ConfigError(f"config key 'train.lora.target_modules': {str(exc).splitlines()[0]}") from None
         policy.model = trainer.model  # LoRA wraps the model; sampling uses the wrapped one
         self._trainers[id(policy)] = trainer
+        self._role_policies[role] = policy
         if self._residency is not None:
             self._residency.register(trainer)
         return trainer
+
+    @classmethod
+    def tis_cap(cls, config: RunConfig, params: RecipeParams, bf16_sampler: bool) -> float | None:
+        """The cap of truncated importance sampling: ``train.tis_cap``, else ``DEFAULT_TIS_CAP`` where rollouts are
+        not sampled from the trainer's pi (vLLM's log-probs are not the trainer's, a bf16 sampler copy rounds the
+        weights, constrained decoding samples from a masked distribution q: the weights min(pi_old / q, cap) correct
+        for all three), else None (off)."""
+        if config.train.tis_cap is not None:
+            return config.train.tis_cap
+        other = config.rollout.engine == "vllm" or bf16_sampler or cls.constrains_rollouts(params)
+        return DEFAULT_TIS_CAP if other else None
+
+    @classmethod
+    def constrains_rollouts(cls, params: RecipeParams) -> bool:
+        """Whether the recipe's rollouts are sampled under a format constraint (format help)."""
+        return False
+
+    def role_settings(self, role: str) -> RoleSettings | None:
+        """``role``'s own update settings over the run's ``train`` (``roles.<role>``), or None."""
+        return self.config.roles.get(role)
 
     def _micro_batch_tokens(self, policy: Policy, on_cuda: bool) -> int | None:
         """``train.micro_batch_tokens``; unset, ``GPU_MICRO_BATCH_TOKENS`` on a GPU for a model whose log-prob head
@@ -219,9 +282,9 @@ class Recipe:
         return [(group, [self.task.parse_answer(c.text, policy.prompt_style) for c in group]) for group in groups]
 
 
-def train_samples(completions: Sequence[Completion], advantages: Sequence[float], role: str) -> list[TrainSample]:
+def train_samples(completions: Sequence[Completion], advantages: Sequence[float]) -> list[TrainSample]:
     """Pair each completion with its advantage for the policy update."""
-    return [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float(a), role)
+    return [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float(a))
             for c, a in zip(completions, advantages)]
 
 

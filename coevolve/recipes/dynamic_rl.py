@@ -12,7 +12,8 @@ Algorithm 1 of the paper (anonymous submission, no arXiv id; §2), one step:
    11. one update of pi on Eq. 14: A_q = sum of lambda-weighted z-scores of R_q, R_dq, R_da over the n questions, on
        the question tokens; A_s = lambda_s z-score of R_s over the m solutions of a question, on the solution tokens.
 
-Malformed outputs (no question) are filtered, kept in the n-question statistics and not solved (the paper is silent on them).
+Malformed outputs (no question) are filtered, kept in the n-question statistics and not solved (the paper is silent on
+them).
 Our reading where the paper is silent: a malformed output's R_dq and R_da are the batch minimum over the well-formed
 questions (:func:`coevolve.rewards.similarity.malformed_floor`); by Eq. 10 its empty text would otherwise have the
 batch's highest R_dq and so the highest question advantage.
@@ -29,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from coevolve.formats import GeneratorFormat, arith_format, one_line
+from coevolve.formats import Generation, GeneratorFormat, arith_format, one_line
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.recipes.base import (
@@ -42,16 +43,13 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
-from coevolve.records import generator_row, solver_row
+from coevolve.records import SampleRow, generator_row, solver_row
 from coevolve.rewards.difficulty import tent_reward
 from coevolve.rewards.filters import FILTER_RULES, filter_reasons
 from coevolve.rewards.similarity import answer_diversity, malformed_floor, question_diversity
 from coevolve.rl.advantages import decomposed_advantages
 from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion
-from coevolve.tasks import arith
-from coevolve.tasks.arith import ParsedQuestion
-from coevolve.tasks.registry import get_task
 
 # z_0, verbatim from the paper (§2 "Prompt"); the output's "Solution:" part is discarded.
 Z0 = ("Generate exactly one math question and its step-by-step solution. The answer to the question should exist and "
@@ -88,7 +86,7 @@ class GeneratedQuestion:
     """One o_i ~ pi(.|z_0) and everything a step computes for its question q_i."""
 
     output: Completion
-    parsed: ParsedQuestion | None  # None: malformed (no question)
+    parsed: Generation  # no question: malformed
     solutions: list[Completion] = field(default_factory=list)
     answers: list[str | None] = field(default_factory=list)  # a_ij = e(s_ij)
     vote: VoteResult | None = None
@@ -100,7 +98,7 @@ class GeneratedQuestion:
 
     @property
     def text(self) -> str | None:
-        return self.parsed.question if self.parsed else None
+        return self.parsed.question
 
     @property
     def label(self) -> str | None:
@@ -112,16 +110,16 @@ class GeneratedQuestion:
         return self.vote.p if self.vote else 0.0
 
 
-def parse_paper_question(completion: Completion, style: str = "chat") -> ParsedQuestion | None:
+def parse_paper_question(completion: Completion, style: str = "chat", **_: Any) -> Generation:
     """q from the z_0 output: the text after the first "Question:" up to "Solution:" (paper §2 "Prompt").
 
-    Malformed (None): no "Question:", an empty question, or cut off by the length limit before "Solution:".
+    Malformed (no question): no "Question:", an empty question, or cut off by the length limit before "Solution:".
     """
-    return _paper_question(completion.text, completion.finish_reason == "length")
+    return Generation(_paper_question(completion.text, completion.finish_reason == "length"))
 
 
 @parses_model_text()
-def _paper_question(text: str, cut_off: bool) -> ParsedQuestion | None:
+def _paper_question(text: str, cut_off: bool) -> str | None:
     start = text.find(QUESTION_MARK)
     if start < 0:
         return None
@@ -130,7 +128,7 @@ def _paper_question(text: str, cut_off: bool) -> ParsedQuestion | None:
     if end < 0 and cut_off:
         return None
     question = (body if end < 0 else body[:end]).strip()
-    return ParsedQuestion(question) if question else None
+    return question or None
 
 
 @register
@@ -138,16 +136,16 @@ class DynamicRL(GeneratorRecipe):
     name = "dynamic_rl"
     summary = ("one policy writes questions from a fixed prompt and answers them; majority-vote labels, tent "
                "difficulty + token/answer diversity rewards, per-term z-scored advantages")
+    roles = ("policy",)
     Params = DynamicRLParams
     formats = {
         "chat": GeneratorFormat(  # z_0, the paper's prompt for free-form math; generation stops at "Solution:"
-            lambda style: Z0, parse_paper_question, stop=(SOLUTION_MARK,),
+            lambda style, **_: Z0, parse_paper_question, stop=(SOLUTION_MARK,),
             description="Question: {the question}\\nSolution: {step-by-step solution} (generation stops at "
             "'Solution:')",
             regex=r"Question: [^\n]{10,300}\nSolution:",
-            render=lambda e: f"Question: {one_line(e.question)}\nSolution: {e.solution}\nThe answer is {e.answer}.",
-            warmup_inputs=lambda e, examples, rng: ()),
-        "arith": arith_format(lambda output, style: arith.parse_question(output.text, style)),  # the writer prompt
+            render=lambda e: f"Question: {one_line(e.question)}\nSolution: {e.solution}\nThe answer is {e.answer}."),
+        "arith": arith_format(),  # the writer prompt
     }
     defaults = {
         "steps": 80, "eval_every": 20,
@@ -173,10 +171,8 @@ class DynamicRL(GeneratorRecipe):
 
     def __init__(self, config, params: DynamicRLParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
         self.policy = self.load_policy(self.generator_model())  # the model, or a format warm-up's
-        self.trainer = self.make_trainer(self.policy)
-        self.style = self.policy.prompt_style
+        self.trainer = self.make_trainer(self.policy, "policy")
         self.z0 = self.generator_prompt(self.policy)  # z_0 in the run's task world (``formats``)
         self.question_sampling = self.generator_sampling(replace(self.sampling,
                                                                  max_new_tokens=params.question_max_tokens))
@@ -184,12 +180,6 @@ class DynamicRL(GeneratorRecipe):
         self.weights = {"R_q": params.lambda_q if params.question_reward else 0.0,
                         "R_dq": params.lambda_dq if params.question_diversity else 0.0,
                         "R_da": params.lambda_da if params.answer_diversity else 0.0}
-
-    def trainers(self):
-        return {"policy": self.trainer}
-
-    def solver(self):
-        return self.policy
 
     def step(self, step: int) -> StepOutput:
         p, timer, seed = self.params, PhaseTimer(), self.config.seed
@@ -222,13 +212,15 @@ class DynamicRL(GeneratorRecipe):
             self.advantages(questions)  # line 11: advantage decomposition (Eq. 14)
         with timer("update"):  # line 11: one update of the policy on both roles
             stats = self.trainer.update(self.train_batch(questions))
-        metrics = {**self.step_metrics(questions), "questions/unique_label_ratio": sum(raw_da) / p.n}  # Fig. 6: classes / n
+        metrics = {**self.step_metrics(questions),
+                   "questions/unique_label_ratio": sum(raw_da) / p.n}  # Fig. 6: classes / n
         return StepOutput(metrics={**metrics, **role_metrics("policy", stats), **timer},
                           samples=self.records(step, questions))
 
     # --- the pieces of a step ---------------------------------------------------------------------------------
     def question_tokens(self, question: str | None) -> list[int]:
-        """t(q) for S_q: the policy's tokens of the question text, no special tokens (Eq. 10 does not name a tokenizer)."""
+        """t(q) for S_q: the policy's tokens of the question text, no special tokens (Eq. 10 does not name a
+        tokenizer)."""
         return self.policy.tokenizer(question, add_special_tokens=False)["input_ids"] if question else []
 
     def filter_rules(self, question: str | None) -> list[str]:
@@ -261,9 +253,9 @@ class DynamicRL(GeneratorRecipe):
         (exact when one optimizer step takes the whole batch, as in the paper). A frozen generator is not trained.
         """
         generator = [] if self.config.frozen_generator else train_samples(
-            [q.output for q in questions], [q.advantage for q in questions], "generator")
+            [q.output for q in questions], [q.advantage for q in questions])
         solver = train_samples([s for q in questions for s in q.solutions],
-                               [a for q in questions for a in q.solution_advantages], "solver")
+                               [a for q in questions for a in q.solution_advantages])
         if self.params.loss_terms == "separate":
             total = len(generator) + len(solver)
             for part in (generator, solver):
@@ -300,17 +292,17 @@ class DynamicRL(GeneratorRecipe):
             "tokens/solver": sum(len(s.token_ids) for q in questions for s in q.solutions),
         }
 
-    def records(self, step: int, questions: list[GeneratedQuestion]) -> list[dict[str, Any]]:
+    def records(self, step: int, questions: list[GeneratedQuestion]) -> list[SampleRow]:
         """One generator row per o_i and one solver row per s_ij (the run-dir sample schema)."""
-        rows: list[dict[str, Any]] = []
+        rows: list[SampleRow] = []
         for i, q in enumerate(questions):
-            qid, answer = f"s{step}-q{i}", q.parsed.answer if q.parsed else None
+            qid, answer = f"s{step}-q{i}", q.parsed.answer
             rows.append(generator_row(
                 step, None, "generate", q.output, question=q.text, question_id=qid, valid=q.text is not None,
-                filtered=q.filtered, answer=answer, label=q.label, label_source="majority",
-                support=q.vote.support if q.vote else 0, solve_rate=q.solve_rate if q.vote else None,
+                answer=answer, label=q.label, label_source="majority", solve_rate=q.solve_rate if q.vote else None,
                 reward=self.question_reward(q), reward_terms=q.rewards, advantage=q.advantage,
-                oracle=self.task.oracle(q.text, None, answer, q.label)))
+                oracle=self.task.oracle(q.text, None, answer, q.label),
+                extra={"filtered": q.filtered, "support": q.vote.support if q.vote else 0}))
             rows += [solver_row(
                 step, None, "solve", s, question=q.text, question_id=qid, answer=a, label=q.label,
                 label_source="majority", solve_rate=q.solve_rate, reward=r, reward_terms={"R_s": r}, advantage=adv,

@@ -1,28 +1,32 @@
 """What a recipe with a generator adds to :class:`Recipe`: its output format per task world and the format help.
 
 A generator writes questions in the format its recipe declares for the run's task world (``formats["arith"]`` for the
-arithmetic task, ``formats["chat"]`` for the others). The help switches (:mod:`coevolve.formats`) are worked examples in the prompt,
-constrained decoding and a format warm-up's model as the starting point; ``FormatWatch`` warns when none of a
-generator's outputs parse for several steps.
+arithmetic task, ``formats["chat"]`` for the others). The help switches (:mod:`coevolve.formats`) are worked examples
+in the prompt, constrained decoding and a format warm-up's model as the starting point; a ``FormatWatch`` warns when
+none of a generator's outputs parse for several steps.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
 from coevolve.config import ConfigError, RunConfig
-from coevolve.formats import GeneratorFormat, examples_block, load_worked_examples, solver_answer_regex
+from coevolve.formats import (
+    FormatWatch,
+    Generation,
+    GeneratorFormat,
+    examples_block,
+    load_worked_examples,
+    solver_answer_regex,
+)
 from coevolve.models import Policy
-from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
-from coevolve.rollout import SamplingParams
-
-log = logging.getLogger(__name__)
+from coevolve.recipes.base import Recipe, RecipeParams
+from coevolve.rollout import Completion, SamplingParams
 
 
 class GeneratorParams(RecipeParams):
@@ -49,21 +53,30 @@ class GeneratorRecipe(Recipe):
 
     def __init__(self, config: RunConfig, params: GeneratorParams):
         super().__init__(config, params)
-        helped = (params.format_examples or params.format_constraint or params.generator_init
-                  or params.solver_format_constraint)
-        if helped and self.config.task == "arith":
-            raise ConfigError("config key 'params.format_examples/format_constraint/generator_init': format help is "
-                              "for chat tasks (math and its document variants); tiny-arith has its own formats")
-        self.world = "arith" if self.config.task == "arith" else "chat"
-        if self.world not in self.formats:
-            raise ConfigError(f"config key 'task': the {self.name} generator has no output format for the "
-                              f"{self.config.task} task (it has: {', '.join(self.formats)})")
+        self.world = world_of(config.task)
         self.generator_format = self.formats[self.world]
-        self.format_watch = FormatWatch(self.name, params.format_warn_after, chat=self.world == "chat")
+        self.format_watch = FormatWatch(self.name, params.format_warn_after,
+                                        self.generator_format.description if self.world == "chat" else None)
         if params.solver_format_constraint:  # the solver's rollouts: sample_groups without explicit params
             self.solver_sampling = replace(self.sampling, regex=solver_answer_regex(self.sampling.max_new_tokens))
         self.format_examples = (load_worked_examples(params.format_examples, self.config.seed, self.config.data_dir)
                                 if params.format_examples else [])
+
+    @classmethod
+    def check_settings(cls, config: RunConfig, params: GeneratorParams) -> None:
+        super().check_settings(config, params)
+        helped = (params.format_examples or params.format_constraint or params.generator_init
+                  or params.solver_format_constraint)
+        if helped and config.task == "arith":
+            raise ConfigError("config key 'params.format_examples/format_constraint/generator_init': format help is "
+                              "for chat tasks (math and its document variants); tiny-arith has its own formats")
+        if world_of(config.task) not in cls.formats:
+            raise ConfigError(f"config key 'task': the {cls.name} generator has no output format for the "
+                              f"{config.task} task (it has: {', '.join(cls.formats)})")
+
+    @classmethod
+    def constrains_rollouts(cls, params: GeneratorParams) -> bool:
+        return params.format_constraint or params.solver_format_constraint
 
     def solver_budget(self, sampling: SamplingParams, max_new_tokens: int) -> SamplingParams:
         """``sampling`` with another token budget (and, with ``params.solver_format_constraint``, the answer format's
@@ -71,15 +84,15 @@ class GeneratorRecipe(Recipe):
         regex = solver_answer_regex(max_new_tokens) if self.params.solver_format_constraint else sampling.regex
         return replace(sampling, max_new_tokens=max_new_tokens, regex=regex)
 
-    def generator_prompt(self, policy: Policy, *inputs: object) -> str:
-        """The generator's prompt: its format's message for ``inputs``, with ``params.format_examples`` worked
-        examples of the format appended, in ``policy``'s chat template."""
-        message = self.generator_format.prompt(policy.prompt_style, *inputs)
+    def generator_prompt(self, policy: Policy, **inputs: Any) -> str:
+        """The generator's prompt: its format's message for the keyword ``inputs``, with ``params.format_examples``
+        worked examples of the format appended, in ``policy``'s chat template."""
+        message = self.generator_format.prompt(policy.prompt_style, **inputs)
         return policy.format_prompt(message + examples_block(self.generator_format, self.format_examples))
 
-    def read_generation(self, output: object, *inputs: object) -> object:
-        """What the recipe reads from one generator output (its format's ``parse``; None or invalid if malformed)."""
-        return self.generator_format.parse(output, self.style, *inputs)
+    def read_generation(self, output: Completion, **inputs: Any) -> Generation:
+        """What the recipe reads from one generator output (its format's ``parse``)."""
+        return self.generator_format.parse(output, self.style, **inputs)
 
     def generator_sampling(self, sampling: SamplingParams) -> SamplingParams:
         """The generator's sampling: its format's stop strings, and constrained decoding of the format when
@@ -93,45 +106,34 @@ class GeneratorRecipe(Recipe):
     def generator_model(self) -> str:
         """What the generator starts from: ``params.generator_init`` (a ``coevolve sft`` folder's model) or the
         run's model."""
-        init = self.params.generator_init
-        if init is None:
-            return self.config.model
+        return self.start_model(self.config, self.params, "generator")
+
+    @classmethod
+    def start_model(cls, config: RunConfig, params: RecipeParams, role: str) -> str:
+        """The solver starts from the run's model; every other role (the generator, and the one policy of a
+        one-policy recipe) from ``params.generator_init`` when it is set."""
+        init = getattr(params, "generator_init", None)
+        if role == "solver" or init is None:
+            return config.model
         return str(Path(init) / "model") if (Path(init) / "model").is_dir() else init
 
-    def generator_policy(self, solver: Policy) -> Policy:
-        """The generator of a two-model recipe: a copy of the solver, or the ``params.generator_init`` model."""
+    def load_solver_and_generator(self, generator_role: str) -> tuple[Policy, Policy]:
+        """The two models of a two-model recipe, each with its trainer: the solver S_0 = M_0 (role ``solver``) and
+        the generator (``generator_role``), a copy of M_0 or the ``params.generator_init`` model."""
+        solver = self.load_policy()
         if self.params.generator_init is None:
-            return Policy(solver.name, copy.deepcopy(solver.model), solver.tokenizer, solver.prompt_style)
-        return self.load_policy(self.generator_model())
+            generator = Policy(solver.name, copy.deepcopy(solver.model), solver.tokenizer, solver.prompt_style)
+        else:
+            generator = self.load_policy(self.generator_model())
+        self.make_trainer(solver, "solver")
+        self.make_trainer(generator, generator_role)
+        return solver, generator
 
     def watch_format(self, step: int, valid: int, total: int) -> None:
         """Count a generator step's valid outputs; one warning after ``params.format_warn_after`` empty steps."""
         self.format_watch.observe(step, valid, total)
 
 
-class FormatWatch:
-    """Counts consecutive generator steps with no valid output; warns once after ``after`` of them (``chat``: the
-    recipe's chat format and the format help switches; otherwise the arithmetic world's writer format)."""
-
-    def __init__(self, recipe: str, after: int, chat: bool = True):
-        self.recipe, self.after, self.chat, self.empty, self.warned = recipe, after, chat, 0, False
-
-    def observe(self, step: int, valid: int, total: int) -> bool:
-        """Record one step's ``valid`` of ``total`` generator outputs; True when this call logged the warning."""
-        if total == 0:
-            return False
-        self.empty = 0 if valid else self.empty + 1
-        if self.empty < self.after or self.warned:
-            return False
-        self.warned = True
-        if not self.chat:
-            log.warning("step %d: the %s generator wrote no valid output for %d consecutive steps (expected the "
-                        "arithmetic world's writer format, Q:<expression>), so nothing reaches the solver; is the "
-                        "model the pretrained tiny-arith?", step, self.recipe, self.empty)
-            return True
-        log.warning("step %d: the %s generator wrote no valid output for %d consecutive steps (expected: %s), so "
-                    "nothing reaches the solver; turn on format help: params.format_examples=N (worked examples in "
-                    "the prompt), params.format_constraint=true (constrained decoding) or params.generator_init=DIR "
-                    "(a `coevolve sft %s` format warm-up)", step, self.recipe, self.empty,
-                    RECIPES[self.recipe].formats["chat"].description, self.recipe)
-        return True
+def world_of(task: str) -> str:
+    """The task world a generator writes for: ``arith`` for the arithmetic task, ``chat`` for the others."""
+    return "arith" if task == "arith" else "chat"

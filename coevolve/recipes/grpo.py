@@ -31,14 +31,13 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.records import solver_row
-from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
-from coevolve.tasks.registry import get_task
+from coevolve.rl.advantages import AdvantageKind, compute_advantages, nonzero_variance_mask
 
 
 class GRPOParams(RecipeParams):
     questions_per_step: int = Field(16, gt=0, description="B, problems per step")
     group_size: int = Field(8, gt=1, description="G, solutions per problem")
-    advantage: str = Field("grpo", pattern="^(grpo|dr_grpo|dugrpo|batch_norm)$")
+    advantage: AdvantageKind = Field("grpo", description="the advantage estimator (coevolve.rl.advantages)")
     drop_zero_variance: bool = Field(False, description="leave out groups whose rewards are all equal")
     levels: ArithLevels = Field([1, 2, 3, 4], description="arith: difficulty levels of the training problems")
     train_split: str = Field("train", description="math: training file (gsm8k train)")
@@ -63,9 +62,8 @@ class GRPO(Recipe):
 
     def __init__(self, config, params: GRPOParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
         self.policy = self.load_policy()
-        self.trainer = self.make_trainer(self.policy)
+        self.trainer = self.make_trainer(self.policy, "solver")
 
     @classmethod
     def data_sets(cls, config, params: GRPOParams):
@@ -73,12 +71,6 @@ class GRPO(Recipe):
             return super().data_sets(config, params)
         split = "gsm8k_train" if params.train_split == "train" else params.train_split  # MathTask.training_problems
         return super().data_sets(config, params) + [split]
-
-    def trainers(self):
-        return {"solver": self.trainer}
-
-    def solver(self):
-        return self.policy
 
     def step(self, step: int) -> StepOutput:
         p, timer = self.params, PhaseTimer()
@@ -98,7 +90,7 @@ class GRPO(Recipe):
                     else [True] * len(rewards))
         with timer("update_solver"):
             stats = self.trainer.update(train_samples([c for c, k in zip(completions, keep) if k],
-                                                      [a for a, k in zip(advantages, keep) if k], "solver"))
+                                                      [a for a, k in zip(advantages, keep) if k]))
         records = [solver_row(
             step, None, "solve", c, question=problems[g].question, question_id=f"s{step}-q{g}", answer=a,
             label=problems[g].answer, label_source="ground_truth", solve_rate=None, reward=r,

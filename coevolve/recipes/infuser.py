@@ -1,7 +1,8 @@
 r"""INFUSER: a document-grounded generator rewarded by its questions' influence on the solver's dev-set progress.
 
 Paper: INFUSER: Influence-Guided Self-Evolution Improves Reasoning (Chen et al.; Algorithm 1, §2.3 and App. C.1);
-released code: ``FFishy-git/INFUSER``. Generator π_φ and solver π_θ start from the same weights, each with its own AdamW. One step is one iteration t:
+released code: ``FFishy-git/INFUSER``. Generator π_φ and solver π_θ start from the same weights, each with its own
+AdamW. One step is one iteration t:
 
 Phase 1  dev reference: n solver rollouts on every dev question (q̃, ã*), r̃ = 1[ã ≡ ã*], Â = r̃ - mean (Dr.GRPO);
          zero-variance dev groups dropped; ĝ_dev = ∇_θ of the clipped objective (2.10) on the rest (no step).
@@ -34,8 +35,9 @@ import numpy as np
 from pydantic import Field
 from scipy.stats import spearmanr
 
-from coevolve.documents import DocumentPool, dev_set, load_documents, tokenizer_counter
-from coevolve.formats import GeneratorFormat, arith_format, one_line
+from coevolve.config import RoleSettings
+from coevolve.documents import DocumentPool, check_document_source, dev_set, load_documents, tokenizer_counter
+from coevolve.formats import Generation, GeneratorFormat, arith_format, one_line
 from coevolve.grading.extract import braces_balanced, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (
@@ -49,10 +51,10 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
-from coevolve.records import generator_row, solver_row
-from coevolve.rl.advantages import compute_advantages, dr_grpo_advantages, nonzero_variance_mask
+from coevolve.records import SampleRow, generator_row, solver_row
+from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
 from coevolve.rl.influence import DevGradient, dev_gradient, influence_scores, one_step_dev_gains
-from coevolve.rl.trainer import RoleUpdate, TrainSample
+from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
 from coevolve.tasks.registry import Problem, get_task
@@ -83,14 +85,16 @@ _PAPER_SCALE = {
     "train": {"lr": 2e-6, "weight_decay": 0.01, "grad_clip": 1.0, "clip_low": 0.2, "clip_high": 0.2, "tis_cap": 2.0,
               "kl_beta": 0.0, "epochs": 1, "micro_batch_size": 4, "loss_agg": "token_sum_norm"},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 8192,
+    "roles": {"generator": {"lr": 4e-6}},  # η_gen (the solver's is train.lr)
     "params": {"documents_per_step": 128, "group_size": 8, "dev_size": 800, "minibatch_prompts": 32,
-               "generator_lr": 4e-6, "generator_max_tokens": 8192, "document_source": "openstax"},
+               "generator_max_tokens": 8192, "document_source": "openstax"},
 }
 
 
 @parses_model_text()
 def parse_generator_json(text: str) -> tuple[str, str] | None:
-    """(question_text, ground_truth) of the last JSON object in ``text`` that has both, non-empty (as the released code reads it), outside
+    """(question_text, ground_truth) of the last JSON object in ``text`` that has both, non-empty (as the released code
+    reads it), outside
     ``<think>`` blocks and code fences."""
     kept, pos = [], 0
     for start, _, _, end in tag_blocks(text, "think"):
@@ -120,20 +124,20 @@ def parse_generator_json(text: str) -> tuple[str, str] | None:
     return found
 
 
-def read_json_question(text: str, style: str, doc: str) -> tuple[str | None, str | None]:
-    """(q, a_φ) of a valid JSON generation (App. F.4), (None, None) for an invalid one."""
-    found = parse_generator_json(text)
+def read_json_question(output: Completion, style: str, **_: Any) -> Generation:
+    """q and a_φ of a valid JSON generation (App. F.4); neither for an invalid one."""
+    found = parse_generator_json(output.text)
     if found is None or not braces_balanced(found[1]):
-        return None, None
-    return found
+        return Generation(None)
+    return Generation(*found)
 
 
-def read_arith_question(text: str, style: str, doc: str) -> tuple[str | None, str | None]:
-    """(q, a_φ) of a valid arithmetic-world writer output: a question over the fact sheet and an integer answer."""
-    parsed = arith.parse_question(text, style, doc)
+def read_arith_question(output: Completion, style: str, document: str, **_: Any) -> Generation:
+    """q and a_φ of a valid arithmetic-world writer output: a question over the fact sheet and an integer answer."""
+    parsed = arith.parse_question(output.text, style, document)
     if parsed is None or parsed.answer is None or not _INTEGER.fullmatch(parsed.answer.strip()):
-        return None, None
-    return parsed.question, parsed.answer.strip()
+        return Generation(None)
+    return Generation(parsed.question, parsed.answer.strip())
 
 
 class InfuserParams(GeneratorParams):
@@ -153,16 +157,10 @@ class InfuserParams(GeneratorParams):
     document_min_tokens: int = Field(200, gt=0, description="T_min of a chunk")
     document_max_tokens: int = Field(2048, gt=0, description="T_max of a chunk")
     document_pool_size: int | None = Field(None, gt=0, description="keep a seeded subset of this many chunks")
-    generator_lr: float = Field(4e-6, ge=0, description="η_gen (the solver's is train.lr)")
     generator_max_tokens: int = Field(64, gt=0, description="generator response budget (paper: 8192)")
     rho_inv: float = Field(0.0, description="reward of an invalid generation")
     influence: Literal["preconditioned_cosine", "sgd_cosine"] = "preconditioned_cosine"
     generator_advantage: Literal["dugrpo", "grpo", "batch_norm"] = "dugrpo"
-
-    def role_updates(self) -> dict[str, RoleUpdate]:
-        sequences = self.minibatch_prompts * self.group_size  # M prompts x n per AdamW step
-        return {"solver": RoleUpdate(mini_batch_size=sequences),
-                "generator": RoleUpdate(mini_batch_size=sequences, lr=self.generator_lr)}
 
 
 @dataclass
@@ -199,15 +197,16 @@ class Infuser(GeneratorRecipe):
     name = "infuser"
     summary = ("document-grounded generator writes questions with its own answers, rewarded by the cosine between "
                "the AdamW-preconditioned solver update they cause and a dev-set gradient; DuGRPO / Dr.GRPO")
+    roles = ("generator", "solver")
     Params = InfuserParams
     fsdp_unsupported = "infuser's per-question influence gradients"
     formats = {
         "chat": GeneratorFormat(
-            lambda style, doc: GENERATOR_PROMPT.format(text=doc), read_json_question,
+            lambda style, document, **_: GENERATOR_PROMPT.format(text=document), read_json_question,
             description='{"question_text": "{the question}", "ground_truth": "{final answer}"}',
             regex=r'\{"question_text": "[^"\\\n]{10,300}", "ground_truth": "[^"\\\n{}]{1,40}"\}',
             render=lambda e: json.dumps({"question_text": one_line(e.question), "ground_truth": e.answer}),
-            warmup_inputs=lambda e, examples, rng: (e.solution,)),  # the document: the example's worked solution
+            warmup_inputs=lambda e, examples, rng: {"document": e.solution}),  # the example's worked solution
         "arith": arith_format(read_arith_question, grounded=True),  # questions over the fact sheet's variables
     }
     defaults = {
@@ -215,28 +214,38 @@ class Infuser(GeneratorRecipe):
         "rollout": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64},
         "train": {"lr": 2e-6, "weight_decay": 0.01, "grad_clip": 1.0, "tis_cap": 2.0, "kl_beta": 0.0,
                   "loss_agg": "token_sum_norm"},
+        "roles": {"generator": {"lr": 4e-6}},  # η_gen (the solver's is train.lr)
     }
     presets = {
         "small": {  # tiny-arith, fact sheets, dev 128 x 8: ~6 s a step on one core, ~5 s of it Phase 1
             "model": "tiny-arith", "task": "arith", "steps": 200, "eval_every": 50,
             "rollout": {"temperature": 1.0, "max_new_tokens": 96, "batch_size": 256},
-            "train": {"lr": 3e-5, "micro_batch_size": 16},
+            "train": {"lr": 3e-5, "micro_batch_size": 16}, "roles": {"generator": {"lr": 3e-5}},
             "params": {"documents_per_step": 8, "group_size": 4, "dev_size": 128, "dev_rollouts": 8,
-                       "dev_levels": [1, 2, 3, 4], "minibatch_prompts": 8, "generator_lr": 3e-5,
+                       "dev_levels": [1, 2, 3, 4], "minibatch_prompts": 8,
                        "generator_max_tokens": 96, "document_source": "arith", "validity_every": 20},
         },
         "paper": _PAPER_SCALE,
         "reference_code": {**_PAPER_SCALE, "train": {**_PAPER_SCALE["train"], "loss_agg": "token_mean"}},
     }
 
+    def role_settings(self, role: str) -> RoleSettings:
+        """Both roles take an AdamW step every M prompts x n (the paper's mini-batch), unless ``roles.<role>`` says."""
+        own = super().role_settings(role) or RoleSettings()
+        if own.mini_batch_size is not None:
+            return own
+        return own.model_copy(update={"mini_batch_size": self.params.minibatch_prompts * self.params.group_size})
+
+    @classmethod
+    def check_inputs(cls, config, params: InfuserParams) -> None:
+        super().check_inputs(config, params)
+        source = params.document_source or get_task(config.task, data_dir=config.data_dir).documents
+        check_document_source(source, "params.document_source", config.data_dir)
+
     def __init__(self, config, params: InfuserParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
-        self.solver_policy = self.load_policy()
-        self.generator = self.generator_policy(self.solver_policy)
-        self.solver_trainer = self.make_trainer(self.solver_policy, "solver")
-        self.generator_trainer = self.make_trainer(self.generator, "generator")
-        self.style = self.solver_policy.prompt_style
+        self.solver_policy, self.generator = self.load_solver_and_generator("generator")
+        self.solver_trainer, self.generator_trainer = self.trainers()["solver"], self.trainers()["generator"]
         self.shows_document = self.generator_format.grounded  # the solver sees the document beside the question
         source = params.document_source or self.task.documents
         self.documents: DocumentPool = load_documents(
@@ -256,12 +265,6 @@ class Infuser(GeneratorRecipe):
         source = params.dev_source or "math"  # dev_set() leaves MATH-500 out of the MATH dev set
         return super().data_sets(config, params) + [source] + (["math500"] if source == "math" else [])
 
-    def trainers(self):
-        return {"generator": self.generator_trainer, "solver": self.solver_trainer}
-
-    def solver(self):
-        return self.solver_policy
-
     # --- Algorithm 1 --------------------------------------------------------------------------------------------
     def step(self, step: int) -> StepOutput:
         p, timer, seed = self.params, PhaseTimer(), self.config.seed
@@ -273,12 +276,13 @@ class Infuser(GeneratorRecipe):
                 reference, dev_samples, dev_stats = self.dev_reference(step)
         docs = self.documents.take(seed, (step - 1) * p.documents_per_step, p.documents_per_step)
         with timer("generate"):  # Phase 2
-            prompts = [self.generator_prompt(self.generator, d) for d in docs]
+            prompts = [self.generator_prompt(self.generator, document=d) for d in docs]
             groups = self.sample_groups(self.generator, prompts, p.group_size, step_seed(seed, step, "generate"),
                                         self.question_sampling)
             generated = [Generated(d, g, c) for g, (d, group) in enumerate(zip(docs, groups)) for c in group]
             for x in generated:
-                x.question, x.key = self.read_generation(x.output.text, x.doc)
+                generation = self.read_generation(x.output, document=x.doc)
+                x.question, x.key = generation.question, generation.answer
         self.watch_format(step, sum(x.valid for x in generated), len(generated))
         with timer("solve"):  # Phase 3
             self.solve([x for x in generated if x.valid], step_seed(seed, step, "solve"))
@@ -318,7 +322,7 @@ class Infuser(GeneratorRecipe):
         for i, (group, r) in enumerate(self.dev_rollouts_of(step_seed(seed, step, "dev"))):
             rewards += r
             if len(set(r)) > 1:
-                halves[i in second].extend(train_samples(group, dr_grpo_advantages(r, [0] * len(r)), "solver"))
+                halves[i in second].extend(train_samples(group, compute_advantages("dr_grpo", r, [0] * len(r))))
         samples = halves[0] + halves[1]
         stats = {"dev/reward_mean": mean(rewards), "dev/groups_kept": float(len(samples) // self.dev_rollouts)}
         if not samples:
@@ -340,7 +344,7 @@ class Infuser(GeneratorRecipe):
         fresh dev rollouts (``validity_spearman``: the actual change, its noise independent of ĝ_dev's) and on
         Phase 1's (``validity_spearman_same_rollouts``: how well the first-order term predicts the step)."""
         fresh = [s for group, r in self.dev_rollouts_of(step_seed(self.config.seed, step, "dev_validity"))
-                 if len(set(r)) > 1 for s in train_samples(group, dr_grpo_advantages(r, [0] * len(r)), "solver")]
+                 if len(set(r)) > 1 for s in train_samples(group, compute_advantages("dr_grpo", r, [0] * len(r)))]
         questions, scores = [self.solver_samples([x]) for x in retained], [x.influence for x in retained]
         total = len(self.dev) * self.dev_rollouts
         gains = one_step_dev_gains(self.solver_trainer, questions, fresh, total) if fresh else []
@@ -361,11 +365,11 @@ class Infuser(GeneratorRecipe):
                                                                     seed)):
             x.solutions, x.answers = group, answers
             x.rewards = [float(a is not None and self.task.is_correct(a, x.key)) for a in x.answers]
-            x.solver_advantages = [float(a) for a in dr_grpo_advantages(x.rewards, [0] * len(group))]
+            x.solver_advantages = [float(a) for a in compute_advantages("dr_grpo", x.rewards, [0] * len(group))]
 
     def solver_samples(self, questions: list[Generated]) -> list[TrainSample]:
         return train_samples([c for x in questions for c in x.solutions],
-                             [a for x in questions for a in x.solver_advantages], "solver")
+                             [a for x in questions for a in x.solver_advantages])
 
     def update_generator(self, generated: list[Generated]) -> dict[str, float]:
         """Phase 5: DuGRPO (or an ablation's normaliser) per document, zero-variance documents dropped."""
@@ -377,7 +381,7 @@ class Infuser(GeneratorRecipe):
             x.advantage, x.in_update = float(a), bool(k)
         chosen = [x for x in generated if x.in_update]
         stats = role_metrics("generator", self.generator_trainer.update(
-            train_samples([x.output for x in chosen], [x.advantage for x in chosen], "generator")))
+            train_samples([x.output for x in chosen], [x.advantage for x in chosen])))
         stds = [float(np.std([x.reward for x in generated if x.group == g], ddof=1))
                 for g in sorted({x.group for x in chosen})]
         stats.update({"generator/documents_kept": float(len(stds)), "generator/sigma_B": mean(stds),
@@ -406,20 +410,21 @@ class Infuser(GeneratorRecipe):
             "tokens/solver": sum(len(c.token_ids) for x in generated for c in x.solutions),
         }
 
-    def records(self, step: int, generated: list[Generated]) -> list[dict[str, Any]]:
+    def records(self, step: int, generated: list[Generated]) -> list[SampleRow]:
         """One generator row per output; one solver row per answer (``trained``: its question entered Phase 6)."""
         rows = []
         for i, x in enumerate(generated):
             qid, doc = f"s{step}-q{i}", x.doc if self.shows_document else None
             rows.append(generator_row(
-                step, None, "generate", x.output, question=x.question, question_id=qid, valid=x.valid,
-                document=x.doc, answer=x.key, label=x.key, label_source="generator",
-                solve_rate=mean(x.rewards) if x.rewards else None, reward=x.reward,
+                step, None, "generate", x.output, question=x.question, question_id=qid, valid=x.valid, answer=x.key,
+                label=x.key, label_source="generator", solve_rate=mean(x.rewards) if x.rewards else None,
+                reward=x.reward,
                 reward_terms={"influence": x.influence, "grad_norm": x.grad_norm, "invalid": not x.valid},
-                advantage=x.advantage, in_update=x.in_update, oracle=self.task.oracle(x.question, doc, x.key, x.key)))
+                advantage=x.advantage, oracle=self.task.oracle(x.question, doc, x.key, x.key),
+                extra={"document": x.doc, "in_update": x.in_update}))
             rows += [solver_row(
                 step, None, "solve", c, question=x.question, question_id=qid, answer=a, label=x.key,
                 label_source="generator", solve_rate=mean(x.rewards), reward=r, reward_terms={"agree": r},
-                advantage=adv, trained=x.informative, oracle=self.task.oracle(x.question, doc, a, x.key),
+                advantage=adv, oracle=self.task.oracle(x.question, doc, a, x.key), extra={"trained": x.informative},
             ) for c, a, r, adv in zip(x.solutions, x.answers, x.rewards, x.solver_advantages)]
         return rows

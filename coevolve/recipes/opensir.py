@@ -29,15 +29,17 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
+from coevolve.config import ConfigError
 from coevolve.embeddings import embed
-from coevolve.formats import LINE, GeneratorFormat, concepts_of, one_line
+from coevolve.formats import LINE, Generation, GeneratorFormat, concepts_of, one_line
 from coevolve.grading.equivalence import verify_equivalent
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.models import Policy
@@ -52,11 +54,10 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
-from coevolve.records import generator_row, solver_row
+from coevolve.records import SampleRow, generator_row, solver_row
 from coevolve.rewards.difficulty import triangular_solvability
 from coevolve.rewards.format import (
     StudentFormat,
-    TeacherOutput,
     TeacherRules,
     length_score,
     parse_teacher_output,
@@ -73,11 +74,11 @@ from coevolve.rewards.novelty import (
     top_indices,
     top_k_mean_diversity,
 )
-from coevolve.rl.advantages import grpo_advantages
+from coevolve.rl.advantages import compute_advantages
 from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion
 from coevolve.tasks import arith
-from coevolve.tasks.registry import Task, get_task
+from coevolve.tasks.registry import Task
 
 TERMS = ("sol", "len", "div", "fmt")  # the four components of score_novel (Eq. 5)
 
@@ -112,17 +113,18 @@ _PAPER_SCALE = {
 }
 
 
-def read_teacher_output(text: str, style: str, rules: TeacherRules) -> TeacherOutput:
+def read_teacher_output(output: Completion, style: str, rules: TeacherRules, **_: Any) -> Generation:
     """The problem, concepts, validity and format score of one teacher output (Fig. 21's tags)."""
-    return parse_teacher_output(text, rules)
+    read = parse_teacher_output(output.text, rules)
+    return Generation(read.problem, concepts=read.concepts, format_score=read.format_score, rejected=not read.valid)
 
 
-def read_arith_problem(text: str, style: str, rules: TeacherRules) -> TeacherOutput:
+def read_arith_problem(output: Completion, style: str, **_: Any) -> Generation:
     """The arithmetic world's writer output: the question, the operations it uses as its concepts, format 1."""
-    parsed = arith.parse_question(text, style)
+    parsed = arith.parse_question(output.text, style)
     if parsed is None:
-        return TeacherOutput(None, (), False, 0.0)
-    return TeacherOutput(parsed.question, expression_concepts(parsed.question), True, 1.0)
+        return Generation(None)
+    return Generation(parsed.question, concepts=expression_concepts(parsed.question), format_score=1.0)
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ class Candidate:
     group: int
     index: int  # j within the group
     completion: Completion
-    parsed: TeacherOutput
+    parsed: Generation
     solutions: list[Completion] = field(default_factory=list)
     answers: list[str | None] = field(default_factory=list)
     vote: VoteResult | None = None
@@ -208,10 +210,11 @@ class Candidate:
 class OpenSIR(GeneratorRecipe):
     name = "opensir"
     summary = "one policy as teacher and student; pool-seeded problems; novelty = solvability+length+diversity+format"
+    roles = ("policy",)
     Params = OpenSIRParams
     formats = {
         "chat": GeneratorFormat(
-            lambda style, reference: TEACHER_PROMPT.replace("{problem}", reference), read_teacher_output,
+            lambda style, reference, **_: TEACHER_PROMPT.replace("{problem}", reference), read_teacher_output,
             description="<think>{how it differs}</think>\\n<problem>{the problem}</problem>\\n<concepts>{1-3 "
             "concepts, comma separated}</concepts>",
             regex=r"<think>[^<>\n]{0,120}</think>\n<problem>" + LINE
@@ -219,8 +222,8 @@ class OpenSIR(GeneratorRecipe):
             render=lambda e: (f"<think>A word problem that needs {' and '.join(concepts_of(e))}.</think>\n"
                               f"<problem>{one_line(e.question)}</problem>\n"
                               f"<concepts>{', '.join(concepts_of(e))}</concepts>"),
-            warmup_inputs=lambda e, examples, rng: (rng.choice(examples).question,)),  # another example's question
-        "arith": GeneratorFormat(lambda style, reference: arith.question_prompt(style, examples=[reference]),
+            warmup_inputs=lambda e, examples, rng: {"reference": rng.choice(examples).question}),  # another one's
+        "arith": GeneratorFormat(lambda style, reference, **_: arith.question_prompt(style, examples=[reference]),
                                  read_arith_problem),
     }
     defaults = {"steps": 100, "rollout": {"max_new_tokens": 64, "batch_size": 256},
@@ -240,18 +243,22 @@ class OpenSIR(GeneratorRecipe):
         },
     }
 
+    @classmethod
+    def check_settings(cls, config, params: OpenSIRParams) -> None:
+        super().check_settings(config, params)
+        if config.frozen_generator and params.train_roles == "teacher":
+            raise ConfigError("config key 'params.train_roles': 'teacher' trains only the teacher, and "
+                              "frozen_generator=true freezes it; drop one of them")
+
     def __init__(self, config, params: OpenSIRParams):
         super().__init__(config, params)
-        if config.frozen_generator and params.train_roles == "teacher":
-            raise ValueError("frozen_generator contradicts params.train_roles='teacher'")
-        self.roles = "student" if config.frozen_generator else params.train_roles
-        self.task = get_task(config.task, data_dir=config.data_dir)
+        self.trained_roles = "student" if config.frozen_generator else params.train_roles
         self.policy = self.load_policy(self.generator_model())  # the model, or a format warm-up's
-        self.style, self.student = self.policy.prompt_style, STUDENT_WORLDS[self.world]
+        self.student = STUDENT_WORLDS[self.world]
         # Student-only ablation (§4.4): the teacher stays the policy frozen at its initial state.
         self.teacher = (Policy(self.policy.name, copy.deepcopy(self.policy.model), self.policy.tokenizer,
-                               self.policy.prompt_style) if self.roles == "student" else self.policy)
-        self.trainer = self.make_trainer(self.policy)
+                               self.policy.prompt_style) if self.trained_roles == "student" else self.policy)
+        self.trainer = self.make_trainer(self.policy, "policy")
         self.teacher_sampling = self.generator_sampling(self.sampling)
         self.n_selected = params.batch_size // (2 * params.group_size)  # B/(2G) per role
         self.n_groups = self.n_selected * params.teacher_upscale  # k
@@ -259,12 +266,6 @@ class OpenSIR(GeneratorRecipe):
         self.pool = ProblemPool([seed], concepts=[self.student.concepts(seed)])
         self.embed_texts = partial(embed, path=params.encoder)
         self.pool_embeddings = PoolEmbeddings(lambda texts: self.embed_texts(texts))
-
-    def trainers(self):
-        return {"policy": self.trainer}
-
-    def solver(self):
-        return self.policy
 
     def state_dict(self):
         return {"pool": self.pool.state_dict()}
@@ -280,16 +281,17 @@ class OpenSIR(GeneratorRecipe):
         # Problem generation: k references from P_{t-1}, G problems each; Q_valid.
         references = self.pool.sample(random.Random(step_seed(seed, step, "references")), self.n_groups)
         with timer("generate"):
-            groups = self.sample_groups(self.teacher, [self.generator_prompt(self.teacher, r) for r in references], G,
-                                        step_seed(seed, step, "generate"), self.teacher_sampling)
-        candidates = [Candidate(i, j, c, self.read_generation(c.text, self.params.teacher_rules))
+            prompts = [self.generator_prompt(self.teacher, reference=r) for r in references]
+            groups = self.sample_groups(self.teacher, prompts, G, step_seed(seed, step, "generate"),
+                                        self.teacher_sampling)
+        candidates = [Candidate(i, j, c, self.read_generation(c, rules=self.params.teacher_rules))
                       for i, group in enumerate(groups) for j, c in enumerate(group)]
         valid = [c for c in candidates if c.parsed.valid]
         self.watch_format(step, len(valid), len(candidates))
 
         # Solution sampling: G solutions per valid problem, majority vote, solve rate.
         with timer("solve"):
-            solutions = self.sample_groups(self.policy, [self.student_prompt(c.parsed.problem) for c in valid], G,
+            solutions = self.sample_groups(self.policy, [self.student_prompt(c.parsed.question) for c in valid], G,
                                            step_seed(seed, step, "solve"))
             for c, sols in zip(valid, solutions):
                 self.label(c, sols)
@@ -310,7 +312,7 @@ class OpenSIR(GeneratorRecipe):
             stats = self.trainer.update(self.training_batch(d_t, student_problems))
 
         # P_t = P_{t-1} ∪ Q_valid.
-        self.pool.add([c.parsed.problem for c in valid], step, [c.parsed.concepts for c in valid])
+        self.pool.add([c.parsed.question for c in valid], step, [c.parsed.concepts for c in valid])
         if embeddings is not None:
             self.pool_embeddings.append(embeddings)
 
@@ -332,7 +334,7 @@ class OpenSIR(GeneratorRecipe):
         else:
             c.solve_rate = c.vote.support / c.vote.n_valid if c.vote.n_valid else None
 
-    def diversity(self, problems: list[TeacherOutput]) -> tuple[np.ndarray, np.ndarray | None]:
+    def diversity(self, problems: list[Generation]) -> tuple[np.ndarray, np.ndarray | None]:
         """score_div of each valid problem against P_{t-1} (Eq. 4, the code's top-5 variant or Eq. 10), and the
         problems' embeddings (cached when they join the pool)."""
         p = self.params
@@ -341,7 +343,7 @@ class OpenSIR(GeneratorRecipe):
         if p.diversity == "concepts":
             pool_concepts = self.pool.concepts
             return np.array([concept_novelty(q.concepts, pool_concepts) for q in problems]), None
-        vectors = self.embed_texts([q.problem for q in problems])
+        vectors = self.embed_texts([q.question for q in problems])
         pool = self.pool_embeddings.matrix(self.pool)
         if p.diversity == "min_pool":
             return min_distance_diversity(vectors, pool), vectors
@@ -388,26 +390,26 @@ class OpenSIR(GeneratorRecipe):
         """Group-relative advantages (Eq. 8): A^T within each selected teacher group, A^S within the G solutions of
         each selected problem (unbiased std + eps, as the code)."""
         eps, G = self.params.adv_eps, self.params.group_size
-        for c, a in zip(d_t, grpo_advantages([c.novelty for c in d_t], [c.group for c in d_t], eps=eps)):
+        for c, a in zip(d_t, compute_advantages("grpo", [c.novelty for c in d_t], [c.group for c in d_t], eps=eps)):
             c.advantage = float(a)
-        flat = grpo_advantages([r for c in student_problems for r in c.student_rewards],
-                               [i for i, c in enumerate(student_problems) for _ in c.student_rewards], eps=eps)
+        flat = compute_advantages("grpo", [r for c in student_problems for r in c.student_rewards],
+                                  [i for i, c in enumerate(student_problems) for _ in c.student_rewards], eps=eps)
         for i, c in enumerate(student_problems):
             c.student_advantages = flat[i * G:(i + 1) * G].tolist()
 
     def training_batch(self, d_t: list[Candidate], student_problems: list[Candidate]) -> list[TrainSample]:
         """D_T ∪ D_S, without the role an ablation leaves untrained."""
         samples = []
-        if self.roles in ("both", "teacher"):
-            samples += train_samples([c.completion for c in d_t], [c.advantage for c in d_t], "generator")
-        if self.roles in ("both", "student"):
+        if self.trained_roles in ("both", "teacher"):
+            samples += train_samples([c.completion for c in d_t], [c.advantage for c in d_t])
+        if self.trained_roles in ("both", "student"):
             samples += train_samples([s for c in student_problems for s in c.solutions],
-                                     [a for c in student_problems for a in c.student_advantages], "solver")
+                                     [a for c in student_problems for a in c.student_advantages])
         return samples
 
     # --- records and metrics ----------------------------------------------------------------------
     def records(self, step: int, references: list[str], candidates: list[Candidate],
-                student_problems: list[Candidate]) -> list[dict]:
+                student_problems: list[Candidate]) -> list[SampleRow]:
         """Sample records: every teacher output (role generator) and the solutions of the student problems."""
         qid = {id(c): f"s{step}-g{c.group}-{c.index}" for c in candidates}
         chosen = {id(c) for c in student_problems}
@@ -415,21 +417,21 @@ class OpenSIR(GeneratorRecipe):
         for c in candidates:
             label = c.vote.label if c.vote else None
             rows.append(generator_row(
-                step, None, "generate", c.completion, reference=references[c.group], question=c.parsed.problem,
-                question_id=qid[id(c)], valid=c.parsed.valid, concepts=list(c.parsed.concepts), answer=None,
-                label=label, label_source="majority", solve_rate=c.solve_rate,
-                mean_solution_tokens=mean([len(s.token_ids) for s in c.solutions]) if c.solutions else None,
-                reward=c.novelty, reward_terms=c.terms, advantage=c.advantage, selected=c.advantage is not None,
-                student_selected=id(c) in chosen,
-                oracle=self.task.oracle(c.parsed.problem, None, None, label) if c.parsed.valid else None))
+                step, None, "generate", c.completion, question=c.parsed.question, question_id=qid[id(c)],
+                valid=c.parsed.valid, answer=None, label=label, label_source="majority", solve_rate=c.solve_rate,
+                reward=c.novelty, reward_terms=c.terms, advantage=c.advantage,
+                oracle=self.task.oracle(c.parsed.question, None, None, label) if c.parsed.valid else None,
+                extra={"reference": references[c.group], "concepts": list(c.parsed.concepts),
+                       "mean_solution_tokens": mean([len(s.token_ids) for s in c.solutions]) if c.solutions else None,
+                       "selected": c.advantage is not None, "student_selected": id(c) in chosen}))
         for c in student_problems:
             for s, answer, terms, reward, adv in zip(c.solutions, c.answers, c.student_terms, c.student_rewards,
                                                      c.student_advantages):
                 rows.append(solver_row(
-                    step, None, "solve", s, question=c.parsed.problem, question_id=qid[id(c)], answer=answer,
+                    step, None, "solve", s, question=c.parsed.question, question_id=qid[id(c)], answer=answer,
                     label=c.vote.label, label_source="majority", solve_rate=c.solve_rate, reward=reward,
                     reward_terms=terms, advantage=adv,
-                    oracle=self.task.oracle(c.parsed.problem, None, answer, c.vote.label)))
+                    oracle=self.task.oracle(c.parsed.question, None, answer, c.vote.label)))
         return rows
 
     def metrics(self, candidates: list[Candidate], valid: list[Candidate], teacher_groups: set[int],

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from coevolve.documents import DocumentPool, load_documents, tokenizer_counter
-from coevolve.formats import ANSWER, LINE, MAX_SOLUTION_CHARS, GeneratorFormat, arith_format, one_line
+from coevolve.documents import DocumentPool, check_document_source, load_documents, tokenizer_counter
+from coevolve.formats import ANSWER, LINE, MAX_SOLUTION_CHARS, Generation, GeneratorFormat, arith_format, one_line
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (
@@ -50,12 +50,10 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
-from coevolve.records import generator_row, solver_row
+from coevolve.records import SampleRow, generator_row, solver_row
 from coevolve.rewards.pasodoble import DiversityGate, JaccardHistory, LeakMode, leaks_answer, proposer_reward
-from coevolve.rl.advantages import dr_grpo_advantages, grpo_advantages
-from coevolve.rl.trainer import RoleUpdate
+from coevolve.rl.advantages import compute_advantages
 from coevolve.rollout import Completion
-from coevolve.tasks import arith
 from coevolve.tasks.registry import get_task
 
 # Proposer prompt (paper Fig. 11, App. I, with the released code's output format); the system text is folded into
@@ -68,15 +66,17 @@ PROPOSER_PROMPT = (
     "{knowledge}Now write one problem and its answer.")
 KNOWLEDGE = "External knowledge: {passage}\n\n"
 CHAT_FORMAT = GeneratorFormat(
-    lambda style, passage: PROPOSER_PROMPT.format(knowledge=KNOWLEDGE.format(passage=passage) if passage else ""),
-    lambda text, style, passage: parse_proposal(text),
+    lambda style, document, **_: PROPOSER_PROMPT.format(knowledge=KNOWLEDGE.format(passage=document) if document
+                                                        else ""),
+    lambda output, style, **_: Generation(*parse_proposal(output.text)),
     description="<problem>{the problem}</problem> <answer>{worked solution} \\boxed{final answer}</answer>",
-    regex=r"<problem>" + LINE + r"</problem> <answer>[^<>{}\n]{0,%d}\\boxed\{" % MAX_SOLUTION_CHARS + ANSWER
+    regex=r"<problem>" + LINE + rf"</problem> <answer>[^<>{{}}\n]{{0,{MAX_SOLUTION_CHARS}}}\\boxed\{{" + ANSWER
     + r"\}</answer>",
     render=lambda e: (f"<problem>{one_line(e.question)}</problem> <answer>{one_line(e.solution)} "
                       f"\\boxed{{{e.answer}}}</answer>"),
-    warmup_inputs=lambda e, examples, rng: (e.solution,))  # the knowledge passage: the example's worked solution
+    warmup_inputs=lambda e, examples, rng: {"document": e.solution})  # the passage: the example's worked solution
 _THINK_END = "</think>"
+TOKEN_PAIR_BASE = 1_000_003  # a prime above any vocabulary size: a pair of token ids (a, b) is a * base + b
 
 
 # The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU).
@@ -85,13 +85,15 @@ _PAPER_SCALE = {
     "rollout": {"temperature": 0.6, "top_p": 1.0, "max_new_tokens": 6144},
     "train": {"lr": 1e-6, "kl_beta": 0.0, "grad_clip": 1.0, "micro_batch_size": 2},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 6144,
-    "params": {"proposer_max_tokens": 6144, "knowledge_source": "openstax", "proposer_mini_batch_size": 0,
-               "proposer_epochs": 1, "solver_mini_batch_size": 0, "solver_epochs": 1},
+    "roles": {"proposer": {"mini_batch_size": 0, "epochs": 1}, "solver": {"mini_batch_size": 0, "epochs": 1}},
+    "params": {"proposer_max_tokens": 6144, "knowledge_source": "openstax"},
 }
 
 
 class PasoDobleParams(GeneratorParams):
     """Algorithm 1/2's inputs, the released code's options and the ablation switches."""
+
+    renamed: ClassVar[dict[str, str]] = {"scale_std": "params.advantage (grpo for true, dr_grpo for false)"}
 
     mode: Literal["online", "offline"] = Field("online", description="Algorithm 1 (joint) or 2 (alternating)")
     passages_per_step: int = Field(1, gt=0, description="B_k passages per Proposer step (code: 1)")
@@ -108,7 +110,9 @@ class PasoDobleParams(GeneratorParams):
     question_tokens: Literal["ids", "id_bigrams"] = Field(
         "ids", description="Tok(q): token ids (paper/code) or pairs of consecutive ids (for character tokenizers)")
     leak_filter: LeakMode = "word"
-    scale_std: bool = Field(True, description="GRPO advantages (std-scaled); false: mean-centred only")
+    advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="both roles' advantages: GRPO's "
+                                                  "std-scaled (paper, code) or mean-centred only")
+    adv_eps: float = Field(1e-4, gt=0, description="epsilon of the group std (TRL's, the code's: 1e-4)")
     solver_reward: Literal["agree", "random_full", "random_partial"] = "agree"
     knowledge: bool = Field(True, description="false: the w/o-𝒦 ablation")
     knowledge_source: str | None = Field(None, description="arith | openstax | proofwiki | a path; default by task")
@@ -126,16 +130,6 @@ class PasoDobleParams(GeneratorParams):
                                                             "unset: none")
     skip_zero_advantages: bool = Field(False, description="also skip a step whose Proposer advantages are all 0 "
                                        "(released code); Algorithms 1-2 skip only when no question is retained")
-    proposer_mini_batch_size: int | None = Field(
-        None, ge=0, description="sequences per Proposer AdamW step (0: the whole batch; unset: train.*)")
-    proposer_epochs: int | None = Field(None, gt=0, description="passes over a Proposer batch (unset: train.*)")
-    solver_mini_batch_size: int | None = Field(
-        None, ge=0, description="sequences per Solver AdamW step (0: the whole batch; unset: train.*)")
-    solver_epochs: int | None = Field(None, gt=0, description="passes over a Solver batch (unset: train.*)")
-
-    def role_updates(self) -> dict[str, RoleUpdate]:
-        return {"proposer": RoleUpdate(self.proposer_mini_batch_size, self.proposer_epochs),
-                "solver": RoleUpdate(self.solver_mini_batch_size, self.solver_epochs)}
 
 
 @dataclass
@@ -144,9 +138,10 @@ class Proposal:
 
     passage: str | None
     group: int
-    output: Completion
+    output: Completion | None  # None: a question replayed from the offline buffer
     question: str | None = None
     answer: str | None = None  # a_i*
+    oracle: dict[str, Any] | None = None  # the arithmetic checker's facts about (q, a*): analytics only
     solutions: list[Completion] = field(default_factory=list)
     solver_answers: list[str | None] = field(default_factory=list)
     solver_rewards: list[float] = field(default_factory=list)
@@ -185,13 +180,7 @@ def parse_proposal(text: str) -> tuple[str | None, str | None]:
     return question or None, extract_boxed(after)
 
 
-def read_arith_proposal(text: str, style: str, passage: str | None) -> tuple[str | None, str | None]:
-    """(q, a*) in the arithmetic world's writer format, over the fact sheet's variables; (None, None) if malformed."""
-    parsed = arith.parse_question(text, style, passage)
-    return (parsed.question, parsed.answer) if parsed else (None, None)
-
-
-ARITH_FORMAT = arith_format(read_arith_proposal, grounded=True)  # the Solver is shown the fact sheet too
+ARITH_FORMAT = arith_format(grounded=True)  # questions over the fact sheet's variables; the Solver is shown it too
 
 
 @register
@@ -199,6 +188,7 @@ class PasoDoble(GeneratorRecipe):
     name = "pasodoble"
     summary = ("knowledge-grounded proposer writes questions with its own answers, rewarded by difficulty (1.1 - "
                "pass rate) + Jaccard diversity, gated; the solver learns to agree; online or offline")
+    roles = ("proposer", "solver")
     Params = PasoDobleParams
     formats = {"chat": CHAT_FORMAT, "arith": ARITH_FORMAT}
     defaults = {
@@ -230,18 +220,22 @@ class PasoDoble(GeneratorRecipe):
             **_PAPER_SCALE, "steps": 2000,
             "train": {**_PAPER_SCALE["train"], "loss_agg": "token_sum_norm", "norm_constant": 6144},
             "params": {**_PAPER_SCALE["params"], "tau_sim": 0.8, "diversity_gate": "gt", "history_update": "snapshot",
-                       "leak_filter": "raw", "solver_mini_batch_size": 2, "skip_zero_advantages": True},
+                       "leak_filter": "raw", "skip_zero_advantages": True},
+            "roles": {**_PAPER_SCALE["roles"], "solver": {"mini_batch_size": 2, "epochs": 1}},
         },
     }
 
+    @classmethod
+    def check_inputs(cls, config, params: PasoDobleParams) -> None:
+        super().check_inputs(config, params)
+        if params.knowledge:
+            source = params.knowledge_source or get_task(config.task, data_dir=config.data_dir).documents
+            check_document_source(source, "params.knowledge_source", config.data_dir)
+
     def __init__(self, config, params: PasoDobleParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
-        self.solver_policy = self.load_policy()
-        self.proposer = self.generator_policy(self.solver_policy)
-        self.solver_trainer = self.make_trainer(self.solver_policy, "solver")
-        self.proposer_trainer = self.make_trainer(self.proposer, "proposer")
-        self.style = self.solver_policy.prompt_style
+        self.solver_policy, self.proposer = self.load_solver_and_generator("proposer")
+        self.solver_trainer, self.proposer_trainer = self.trainers()["solver"], self.trainers()["proposer"]
         self.knowledge: DocumentPool | None = None
         if params.knowledge:
             source = params.knowledge_source or self.task.documents
@@ -258,12 +252,6 @@ class PasoDoble(GeneratorRecipe):
         self.phase, self.phase_updates, self.skips = "proposer", 0, 0
         self.updates = 0  # successful updates so far (``max_updates``)
 
-    def trainers(self):
-        return {"proposer": self.proposer_trainer, "solver": self.solver_trainer}
-
-    def solver(self):
-        return self.solver_policy
-
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history.state_dict(), "buffer": [vars(b) for b in self.buffer],
                 "pointer": self.pointer, "phase": self.phase, "phase_updates": self.phase_updates,
@@ -277,7 +265,7 @@ class PasoDoble(GeneratorRecipe):
 
     # --- Algorithms 1 and 2 -----------------------------------------------------------------------------------
     def step(self, step: int) -> StepOutput:
-        if self.params.max_updates is not None and self.updates >= self.params.max_updates:
+        if self.finished():
             return StepOutput({"skipped": 1.0, "updates": float(self.updates), "done": 1.0})
         if self.params.mode == "online":
             out = self.online_step(step)
@@ -349,7 +337,7 @@ class PasoDoble(GeneratorRecipe):
         count = min(p.replay_batch, len(self.buffer))
         entries = [self.buffer[(self.pointer + i) % len(self.buffer)] for i in range(count)]
         self.pointer = (self.pointer + count) % len(self.buffer)
-        replayed = [Proposal(e.doc, i, Completion("", [], [], ""), e.question, e.answer) for i, e in enumerate(entries)]
+        replayed = [Proposal(e.doc, i, None, e.question, e.answer) for i, e in enumerate(entries)]
         with timer("solve"):
             self.solve(replayed, step_seed(self.config.seed, step, "replay"))
         for entry in entries:
@@ -367,7 +355,8 @@ class PasoDoble(GeneratorRecipe):
                    "replay/kept_rate": len(kept) / count, "replay/pass_rate_mean": mean([x.p_raw for x in replayed]),
                    **stats, "skipped": float(not kept), "phase_proposer": 0.0, "buffer/size": float(len(self.buffer)),
                    **timer}
-        return StepOutput(metrics, [row for x in replayed for row in self.solver_records(step, x, id(x) in kept_ids)])
+        return StepOutput(metrics, [row for x in replayed
+                                    for row in self.solver_records(step, "replay", x, id(x) in kept_ids, x.question)])
 
     # --- the pieces -------------------------------------------------------------------------------------------
     def propose_and_score(self, step: int, timer: PhaseTimer) -> list[Proposal]:
@@ -376,12 +365,14 @@ class PasoDoble(GeneratorRecipe):
         passages = (self.knowledge.sample(step_seed(seed, step, "passages"), p.passages_per_step)
                     if self.knowledge else [None] * p.passages_per_step)
         with timer("propose"):  # line 2: I completions per passage
-            prompts = [self.generator_prompt(self.proposer, k) for k in passages]
+            prompts = [self.generator_prompt(self.proposer, document=k) for k in passages]
             groups = self.sample_groups(self.proposer, prompts, p.proposals, step_seed(seed, step, "propose"),
                                         self.proposer_sampling)
         proposals = [Proposal(k, g, c) for g, (k, group) in enumerate(zip(passages, groups)) for c in group]
         for x in proposals:  # line 3: q_i, a_i*
-            x.question, x.answer = self.read_generation(x.output.text, x.passage)
+            generation = self.read_generation(x.output, document=x.passage)
+            x.question, x.answer = generation.question, generation.answer
+            x.oracle = self.task.oracle(x.question, self.solver_doc(x.passage), x.answer, x.answer)
         self.watch_format(step, sum(bool(x.question and x.answer) for x in proposals), len(proposals))
         with timer("solve"):  # lines 4-5: J answers per question, pass rate
             self.solve([x for x in proposals if x.question], step_seed(seed, step, "solve"))
@@ -394,8 +385,7 @@ class PasoDoble(GeneratorRecipe):
                                            offset=p.difficulty_offset, gate=p.diversity_gate)
             groups_of = [x.group for x in proposals]
             rewards = [x.reward for x in proposals]
-            advantages = (grpo_advantages(rewards, groups_of, eps=1e-4) if p.scale_std
-                          else dr_grpo_advantages(rewards, groups_of))
+            advantages = compute_advantages(p.advantage, rewards, groups_of, eps=p.adv_eps)
             for x, a in zip(proposals, advantages):
                 x.advantage = float(a)
         return proposals
@@ -416,9 +406,8 @@ class PasoDoble(GeneratorRecipe):
             x.solutions, x.solver_answers = group, answers
             x.solver_rewards = [self.solver_reward(a, x.answer, rng) for a in x.solver_answers]
             x.p_raw = mean(x.solver_rewards)
-            x.solver_advantages = [float(a) for a in (
-                grpo_advantages(x.solver_rewards, [0] * len(group), eps=1e-4) if self.params.scale_std
-                else dr_grpo_advantages(x.solver_rewards, [0] * len(group)))]
+            x.solver_advantages = [float(a) for a in compute_advantages(
+                self.params.advantage, x.solver_rewards, [0] * len(group), eps=self.params.adv_eps)]
 
     def solver_reward(self, answer: str | None, key: str | None, rng: random.Random) -> float:
         """r^s = 1[a ≡ a*] (§3.4); the no-answers ablations draw Bernoulli(0.5) (partial: 0 without an answer)."""
@@ -449,7 +438,7 @@ class PasoDoble(GeneratorRecipe):
         ids = self.proposer.tokenizer(question, add_special_tokens=False)["input_ids"] if question else []
         if self.params.question_tokens == "ids":
             return frozenset(ids)
-        return frozenset(a * 1_000_003 + b for a, b in zip(ids, ids[1:]))
+        return frozenset(a * TOKEN_PAIR_BASE + b for a, b in zip(ids, ids[1:]))
 
     def retained(self, p: float) -> bool:
         """ret = 1[tau_low < p < 1] (§3.4)."""
@@ -459,14 +448,14 @@ class PasoDoble(GeneratorRecipe):
         """GRPO on all I proposals per passage (skipped for the frozen-Proposer ablation)."""
         if self.config.frozen_generator:
             return {}
-        samples = train_samples([x.output for x in proposals], [x.advantage for x in proposals], "proposer")
+        samples = train_samples([x.output for x in proposals], [x.advantage for x in proposals])
         return {**role_metrics("proposer", self.proposer_trainer.update(samples)),
                 "generator/advantage_abs_mean": mean([abs(x.advantage) for x in proposals])}
 
     def update_solver(self, questions: list[Proposal]) -> dict[str, float]:
         """GRPO on the J solutions of each retained question."""
         advantages = [a for x in questions for a in x.solver_advantages]
-        samples = train_samples([s for x in questions for s in x.solutions], advantages, "solver")
+        samples = train_samples([s for x in questions for s in x.solutions], advantages)
         return {**role_metrics("solver", self.solver_trainer.update(samples)),
                 "solver/advantage_abs_mean": mean([abs(a) for a in advantages])}
 
@@ -497,8 +486,8 @@ class PasoDoble(GeneratorRecipe):
         p = self.params
         posed = [x for x in proposals if x.question]
         retained = [x for x in proposals if self.retained(x.p)]
-        audited = [self.task.oracle(x.question, self.solver_doc(x.passage), x.answer, x.answer) for x in retained]
-        audited = [o["label_correct"] for o in audited if o and o.get("label_correct") is not None]
+        audited = [x.oracle["label_correct"] for x in retained
+                   if x.oracle and x.oracle.get("label_correct") is not None]
         return {
             "generator/reward_mean": mean([x.reward for x in proposals]),
             "solver/reward_mean": mean([r for x in proposals for r in x.solver_rewards]),
@@ -516,24 +505,24 @@ class PasoDoble(GeneratorRecipe):
             "tokens/solver": sum(len(s.token_ids) for x in proposals for s in x.solutions),
         }
 
-    def records(self, step: int, proposals: list[Proposal], trained: bool) -> list[dict[str, Any]]:
+    def records(self, step: int, proposals: list[Proposal], trained: bool) -> list[SampleRow]:
         """One generator row per proposal, one solver row per Solver answer (``trained``: it entered an update)."""
         rows = []
         for i, x in enumerate(proposals):
-            doc = self.solver_doc(x.passage)
             rows.append(generator_row(
                 step, None, "propose", x.output, question=x.question, question_id=f"s{step}-q{i}",
-                valid=bool(x.question and x.answer), passage=x.passage, answer=x.answer, label=x.answer,
-                label_source="proposer", solve_rate=x.p if x.question else None, reward=x.reward,
+                valid=bool(x.question and x.answer), answer=x.answer, label=x.answer, label_source="generator",
+                solve_rate=x.p if x.question else None, reward=x.reward,
                 reward_terms={"p_raw": x.p_raw, "leak": x.leak, "r_div": x.r_div}, advantage=x.advantage,
-                retained=self.retained(x.p), oracle=self.task.oracle(x.question, doc, x.answer, x.answer)))
-            rows += self.solver_records(step, x, trained and self.retained(x.p), qid=f"s{step}-q{i}")
+                oracle=x.oracle, extra={"passage": x.passage, "retained": self.retained(x.p)}))
+            rows += self.solver_records(step, "solve", x, trained and self.retained(x.p), f"s{step}-q{i}")
         return rows
 
-    def solver_records(self, step: int, x: Proposal, trained: bool, qid: str | None = None) -> list[dict[str, Any]]:
+    def solver_records(self, step: int, phase: str, x: Proposal, trained: bool, qid: str | None) -> list[SampleRow]:
+        """One solver row per Solver answer to ``x`` (phase ``solve`` online and in Phase A, ``replay`` in Phase B)."""
         doc = self.solver_doc(x.passage)
         return [solver_row(
-            step, None, "solve" if qid else "replay", s, question=x.question, question_id=qid or x.question,
-            answer=a, label=x.answer, label_source="proposer", solve_rate=x.p, reward=r, reward_terms={"agree": r},
-            advantage=adv, trained=trained, oracle=self.task.oracle(x.question, doc, a, x.answer),
+            step, None, phase, s, question=x.question, question_id=qid,
+            answer=a, label=x.answer, label_source="generator", solve_rate=x.p, reward=r, reward_terms={"agree": r},
+            advantage=adv, oracle=self.task.oracle(x.question, doc, a, x.answer), extra={"trained": trained},
         ) for s, a, r, adv in zip(x.solutions, x.solver_answers, x.solver_rewards, x.solver_advantages)]

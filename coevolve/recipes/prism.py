@@ -35,11 +35,11 @@ from coevolve.analytics.diversity import cluster_stats
 from coevolve.embeddings import ClusterSpace, embed
 from coevolve.recipes.base import mean, register
 from coevolve.recipes.r_zero import (
-    _PAPER_PARAMS,
-    _PAPER_SCALE,
-    _PRISM_CODE,
-    _PRISM_CODE_PARAMS,
-    _SMALL_TRAIN,
+    PAPER_PARAMS,
+    PAPER_SCALE,
+    PRISM_CODE,
+    PRISM_CODE_PARAMS,
+    SMALL_TRAIN,
     Question,
     RZero,
     RZeroParams,
@@ -79,11 +79,11 @@ class Prism(RZero):
                "persistent decayed cluster counts; questioner re-initialised from the solver each iteration")
     Params = PrismParams
     presets = {
-        "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26, "train": _SMALL_TRAIN,
+        "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26, "train": SMALL_TRAIN,
                   "params": {"gamma": 0.95}},
-        "paper": {**_PAPER_SCALE, "params": {**_PAPER_PARAMS, "advantage": "dr_grpo", "k": 128,
+        "paper": {**PAPER_SCALE, "params": {**PAPER_PARAMS, "advantage": "dr_grpo", "k": 128,
                                              "reference_corpus": "math_minus_math500"}},
-        "reference_code": {**_PRISM_CODE, "params": {**_PRISM_CODE_PARAMS, "k": 128,
+        "reference_code": {**PRISM_CODE, "params": {**PRISM_CODE_PARAMS, "k": 128,
                                                      "reference_corpus": "math_minus_math500_gsm8k_train"}},
     }
 

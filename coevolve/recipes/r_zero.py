@@ -35,11 +35,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from coevolve.formats import ANSWER, LINE, GeneratorFormat, arith_format, one_line
+from coevolve.formats import ANSWER, LINE, Generation, GeneratorFormat, arith_format, one_line
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
-from coevolve.models import Policy
 from coevolve.recipes.base import (
     PhaseTimer,
     StepOutput,
@@ -50,7 +49,7 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
-from coevolve.records import generator_row, solver_row
+from coevolve.records import SampleRow, generator_row, solver_row
 from coevolve.rewards.uncertainty import (
     BleuTokens,
     RZeroForm,
@@ -61,10 +60,7 @@ from coevolve.rewards.uncertainty import (
     uncertainty_reward,
 )
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
-from coevolve.rl.trainer import PolicyTrainer, RoleUpdate
 from coevolve.rollout import Completion, SamplingParams
-from coevolve.tasks import arith
-from coevolve.tasks.registry import get_task
 
 log = logging.getLogger(__name__)
 
@@ -81,56 +77,56 @@ QUESTIONER_PROMPT = (
     "Generate one new, challenging reasoning question now. Remember to format the output exactly as instructed."
 )
 CHAT_FORMAT = GeneratorFormat(
-    lambda style: QUESTIONER_PROMPT, lambda text, style: parse_questioner_output(text),
+    lambda style, **_: QUESTIONER_PROMPT, lambda output, style, **_: Generation(*parse_questioner_output(output.text)),
     description="<question>\\n{the problem}\\n</question>\\n\\n\\boxed{final answer}",
     regex=r"<question>\n" + LINE + r"\n</question>\n\n\\boxed\{" + ANSWER + r"\}",
-    render=lambda e: f"<question>\n{one_line(e.question)}\n</question>\n\n\\boxed{{{e.answer}}}",
-    warmup_inputs=lambda e, examples, rng: ())
+    render=lambda e: f"<question>\n{one_line(e.question)}\n</question>\n\n\\boxed{{{e.answer}}}")
 BLEU_TOKENS = {"chat": "none", "arith": "char"}  # the repetition penalty's BLEU tokens per world: words, characters
 
 # The optimizer of both codes (R-Zero's EasyR1 and Prism's verl actor configs), which the paper leaves open: clip
 # 0.2/0.3 with dual clip c = 3, AdamW with weight decay 0.01, started afresh by each phase's training job; a role on
 # the cosine schedule (Prism's solver) decays to 10% of the peak over a phase.
-_CODE_OPTIMIZER = {"clip_low": 0.2, "clip_high": 0.3, "dual_clip": 3.0, "weight_decay": 0.01,
+CODE_OPTIMIZER = {"clip_low": 0.2, "clip_high": 0.3, "dual_clip": 3.0, "weight_decay": 0.01,
                    "optimizer_reset": "phase", "lr_min_ratio": 0.1}
 # ``small``: the same optimizer at tiny-arith scale (one full-batch AdamW step per update, so the ratio is 1 and the
 # clip ranges are inert) with a constant lr (docs/recipes/r_zero.md).
-_SMALL_TRAIN = {k: v for k, v in _CODE_OPTIMIZER.items() if k != "lr_min_ratio"}
+SMALL_TRAIN = {k: v for k, v in CODE_OPTIMIZER.items() if k != "lr_min_ratio"}
 # The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU). Sampling as in both codes:
 # training rollouts of either role at top_p 0.99 and up to 4,096 tokens, the solver's scoring and labelling votes at
 # top_k 40 (rollout.scoring), the questioner's pool at top_p 0.95 (params.pool_top_p).
-_PAPER_SCALE = {
-    "model": "smollm2-135m", "task": "math", "steps": 104, "eval_every": 26,
-    "rollout": {"temperature": 1.0, "top_p": 0.99, "top_k": 0, "max_new_tokens": 4096, "batch_size": 64,
-                "scoring": {"top_p": 1.0, "top_k": 40}},
-    "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4, **_CODE_OPTIMIZER},
-    "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 1024,
-}
 # Prism's scripts (verl; issue 11): per questioner step 512 prompts x 4 outputs in mini-batches of 16
 # prompts, per solver step 512 questions x 8 rollouts in mini-batches of 128 questions, 2 PPO epochs each.
-_PRISM_STEPS = {"questioner_mini_batch_size": 16 * 4, "questioner_epochs": 2,
-                "solver_mini_batch_size": 128 * 8, "solver_epochs": 2, "solver_lr_schedule": "cosine"}
-_PAPER_PARAMS = {"questioner_prompts": 512, "questioner_group": 4, "score_samples": 10, "pool_size": 8000,
-                 "label_samples": 8, "solver_questions": 512, "solver_group": 8, "question_max_tokens": 4096,
-                 "pool_top_p": 0.95, "label_max_tokens": 2048, **_PRISM_STEPS}
-# Prism's released code where it differs from its paper (both recipes).
-_PRISM_CODE = {
-    **_PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
-    "train": {**_PAPER_SCALE["train"], "lr": 1e-6},
+PRISM_ROLES = {"questioner": {"mini_batch_size": 16 * 4, "epochs": 2},
+                "solver": {"mini_batch_size": 128 * 8, "epochs": 2, "lr_schedule": "cosine"}}
+PAPER_SCALE = {
+    "model": "smollm2-135m", "task": "math", "steps": 104, "eval_every": 26, "roles": PRISM_ROLES,
+    "rollout": {"temperature": 1.0, "top_p": 0.99, "top_k": 0, "max_new_tokens": 4096, "batch_size": 64,
+                "scoring": {"top_p": 1.0, "top_k": 40}},
+    "train": {"lr": 5e-6, "kl_beta": 1e-4, "grad_clip": 1.0, "micro_batch_size": 4, **CODE_OPTIMIZER},
+    "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 1024,
 }
-_PRISM_CODE_PARAMS = {**_PAPER_PARAMS, "solver_steps": 50, "pool_p_denominator": "all",
+PAPER_PARAMS = {"questioner_prompts": 512, "questioner_group": 4, "score_samples": 10, "pool_size": 8000,
+                 "label_samples": 8, "solver_questions": 512, "solver_group": 8, "question_max_tokens": 4096,
+                 "pool_top_p": 0.95, "label_max_tokens": 2048}
+# Prism's released code where it differs from its paper (both recipes).
+PRISM_CODE = {
+    **PAPER_SCALE, "steps": 4 * (6 + 50), "eval_every": 56,
+    "train": {**PAPER_SCALE["train"], "lr": 1e-6},
+}
+PRISM_CODE_PARAMS = {**PAPER_PARAMS, "solver_steps": 50, "pool_p_denominator": "all",
                       "solver_format_weight": 0.1, "filter_prove": False}
 # R-Zero's own repository (EasyR1 config and scripts): 5 iterations, questioner 512 prompts x 4 in mini-batches of
 # 16 prompts, solver 512 questions x 5 in mini-batches of 128 questions, 1 PPO epoch, KL (low_var_kl) 1e-2.
-_RZERO_CODE = {
-    **_PAPER_SCALE, "steps": 5 * (5 + 15), "eval_every": 20,
-    "train": {**_PAPER_SCALE["train"], "lr": 1e-6, "kl_beta": 1e-2},
+RZERO_CODE = {
+    **PAPER_SCALE, "steps": 5 * (5 + 15), "eval_every": 20,
+    "train": {**PAPER_SCALE["train"], "lr": 1e-6, "kl_beta": 1e-2},
     "params": {"questioner_steps": 5, "solver_steps": 15, "questioner_prompts": 512, "questioner_group": 4,
                "score_samples": 10, "pool_size": 8000, "label_samples": 9, "band": [0.3, 0.8],
                "pool_p_denominator": "all", "solver_questions": 512, "solver_group": 5, "reward_form": "code",
                "solver_format_weight": 0.1, "advantage": "grpo", "filter_prove": False, "question_max_tokens": 4096,
-               "pool_top_p": 0.95, "questioner_mini_batch_size": 16 * 4, "questioner_epochs": 1,
-               "solver_mini_batch_size": 128 * 5, "solver_epochs": 1},
+               "pool_top_p": 0.95},
+    "roles": {"questioner": {"mini_batch_size": 16 * 4, "epochs": 1}, "solver": {"mini_batch_size": 128 * 5,
+                                                                                 "epochs": 1}},
 }
 
 
@@ -165,20 +161,6 @@ class RZeroParams(GeneratorParams):
                                      "(codes: 0.95; unset: rollout.top_p, as its training rollouts)")
     label_max_tokens: int | None = Field(None, gt=0, description="budget of the solver's pool-label votes (Prism's "
                                          "code: 2048; unset: rollout.scoring's, as its scoring votes)")
-    questioner_mini_batch_size: int | None = Field(
-        None, ge=0, description="sequences per questioner AdamW step (0: the whole batch; unset: train.*)")
-    questioner_epochs: int | None = Field(None, gt=0, description="passes over a questioner batch (unset: train.*)")
-    solver_mini_batch_size: int | None = Field(
-        None, ge=0, description="sequences per solver AdamW step (0: the whole batch; unset: train.*)")
-    solver_epochs: int | None = Field(None, gt=0, description="passes over a solver batch (unset: train.*)")
-    questioner_optimizer_reset: Literal["never", "phase"] | None = Field(
-        None, description="a fresh questioner AdamW at each questioner phase (unset: train.optimizer_reset)")
-    solver_optimizer_reset: Literal["never", "phase"] | None = Field(
-        None, description="a fresh solver AdamW at each solver phase (unset: train.optimizer_reset)")
-    questioner_lr_schedule: Literal["constant", "cosine"] | None = Field(
-        None, description="the questioner's lr over each of its phases (unset: train.lr_schedule)")
-    solver_lr_schedule: Literal["constant", "cosine"] | None = Field(
-        None, description="the solver's lr over each of its phases (unset: train.lr_schedule)")
 
     @model_validator(mode="after")
     def _check(self) -> RZeroParams:
@@ -187,13 +169,6 @@ class RZeroParams(GeneratorParams):
         if self.questioner_steps + self.solver_steps == 0:
             raise ValueError("an iteration needs at least one step")
         return self
-
-    def role_updates(self) -> dict[str, RoleUpdate]:
-        return {"questioner": RoleUpdate(self.questioner_mini_batch_size, self.questioner_epochs,
-                                         lr_schedule=self.questioner_lr_schedule,
-                                         optimizer_reset=self.questioner_optimizer_reset),
-                "solver": RoleUpdate(self.solver_mini_batch_size, self.solver_epochs,
-                                     lr_schedule=self.solver_lr_schedule, optimizer_reset=self.solver_optimizer_reset)}
 
 
 @dataclass
@@ -237,13 +212,7 @@ def parse_questioner_output(text: str) -> tuple[str | None, str | None]:
     return (question if question and answer else None), answer
 
 
-def read_arith_question(text: str, style: str) -> tuple[str | None, str | None]:
-    """(q, the writer's own answer) in the arithmetic world's writer format; (None, None) if malformed."""
-    parsed = arith.parse_question(text, style)
-    return (parsed.question, parsed.answer) if parsed else (None, None)
-
-
-ARITH_FORMAT = arith_format(read_arith_question)
+ARITH_FORMAT = arith_format()
 
 
 @parses_model_text(invalid=False)
@@ -261,6 +230,7 @@ class RZero(GeneratorRecipe):
     name = "r_zero"
     summary = ("questioner and solver in alternating GRPO phases; uncertainty reward minus BLEU-cluster repetition "
                "penalty; majority-vote labels, pool band filter")
+    roles = ("questioner", "solver")
     Params = RZeroParams
     phased = True
     scores_questions = True
@@ -268,22 +238,18 @@ class RZero(GeneratorRecipe):
     defaults = {"steps": 104, "eval_every": 26, "rollout": {"temperature": 1.0, "max_new_tokens": 64},
                 "train": {"lr": 3e-5, "grad_clip": 1.0}}
     presets = {
-        "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26, "train": _SMALL_TRAIN},
-        "paper": {**_PAPER_SCALE, "params": {**_PAPER_PARAMS, "advantage": "dr_grpo"}},
-        "reference_code": _RZERO_CODE,
-        "prism_code": {**_PRISM_CODE, "params": {**_PRISM_CODE_PARAMS, "reward_form": "code", "band": [0.3, 0.8]}},
+        "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26, "train": SMALL_TRAIN},
+        "paper": {**PAPER_SCALE, "params": {**PAPER_PARAMS, "advantage": "dr_grpo"}},
+        "reference_code": RZERO_CODE,
+        "prism_code": {**PRISM_CODE, "params": {**PRISM_CODE_PARAMS, "reward_form": "code", "band": [0.3, 0.8]}},
     }
 
     def __init__(self, config, params: RZeroParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
-        solver = self.load_policy()  # S_0 = M_0
-        questioner = self.generator_policy(solver)  # Q_0 (a copy of M_0, or a format warm-up's model)
-        self.solver_trainer = self.make_trainer(solver, "solver")
-        self.questioner_trainer = self.make_trainer(questioner, "questioner")
-        self.solver_policy, self.questioner = solver, questioner
-        self.style = solver.prompt_style
-        self.question_prompt = self.generator_prompt(questioner)
+        # S_0 = M_0 and Q_0 (a copy of M_0, or a format warm-up's model)
+        self.solver_policy, self.questioner = self.load_solver_and_generator("questioner")
+        self.solver_trainer, self.questioner_trainer = self.trainers()["solver"], self.trainers()["questioner"]
+        self.question_prompt = self.generator_prompt(self.questioner)
         self.question_sampling = self.generator_sampling(replace(self.sampling,
                                                                  max_new_tokens=params.question_max_tokens))
         self.pool_sampling = replace(self.question_sampling, top_p=params.pool_top_p or self.sampling.top_p)
@@ -295,12 +261,6 @@ class RZero(GeneratorRecipe):
         self.period = params.questioner_steps + params.solver_steps
         self.pool: list[PoolItem] = []
         self.pool_iteration = 0  # the iteration whose pool ``self.pool`` is
-
-    def trainers(self) -> dict[str, PolicyTrainer]:
-        return {"questioner": self.questioner_trainer, "solver": self.solver_trainer}
-
-    def solver(self) -> Policy:
-        return self.solver_policy
 
     def state_dict(self) -> dict[str, Any]:
         return {"pool_iteration": self.pool_iteration, "pool": [vars(item) for item in self.pool]}
@@ -346,7 +306,7 @@ class RZero(GeneratorRecipe):
         if not self.config.frozen_generator:
             with timer("update_questioner"):
                 stats = self.questioner_trainer.update(
-                    train_samples([q.output for q in questions], [q.advantage for q in questions], "generator"))
+                    train_samples([q.output for q in questions], [q.advantage for q in questions]))
         return StepOutput(
             metrics={"iteration": t, "phase": "questioner", **self.question_metrics(questions), **extra,
                      "questioner/zero_variance_rate": mean([float(not v) for v in varies]),
@@ -373,7 +333,7 @@ class RZero(GeneratorRecipe):
     # --- solver phase -----------------------------------------------------------------------------
     def solver_step(self, step: int, t: int, index: int) -> StepOutput:
         p, timer, seed = self.params, PhaseTimer(), self.config.seed
-        samples: list[dict[str, Any]] = []
+        samples: list[SampleRow] = []
         metrics: dict[str, Any] = {"iteration": t, "phase": "solver"}
         self.solver_trainer.phase_step(index, p.solver_steps)  # a fresh AdamW per phase, the lr schedule
         if self.pool_iteration != t:  # lines 6-7 at the phase boundary: pool from Q_t, labels from S_{t-1}
@@ -399,7 +359,7 @@ class RZero(GeneratorRecipe):
                 advantages = compute_advantages(p.advantage, rewards, group_ids)
             with timer("update_solver"):
                 completions = [c for group in groups for c in group]
-                stats = self.solver_trainer.update(train_samples(completions, advantages, "solver"))
+                stats = self.solver_trainer.update(train_samples(completions, advantages))
             samples += self.solver_records(step, t, batch, groups, answers, terms, rewards, advantages)
             metrics.update({"solver/reward_mean": mean(rewards), "reward/agree": mean(
                 [x["agree"] for g in terms for x in g]), "tokens/solver": sum(len(c.token_ids) for c in completions),
@@ -448,7 +408,8 @@ class RZero(GeneratorRecipe):
     # --- shared pieces ----------------------------------------------------------------------------
     def read_question(self, output: Completion) -> Question:
         """q and the questioner's own answer, read in the world's format (``formats``)."""
-        return Question(output, *self.read_generation(output.text))
+        generation = self.read_generation(output)
+        return Question(output, generation.question, generation.answer)
 
     def solver_prompt(self, question: str) -> str:
         return self.solver_policy.format_prompt(self.task.solver_prompt(question, None, self.style))
@@ -467,7 +428,7 @@ class RZero(GeneratorRecipe):
             q.p = q.vote.p if denominator == "all" else (q.vote.support / q.vote.n_valid if q.vote.n_valid else 0.0)
 
     # --- records and metrics ----------------------------------------------------------------------
-    def question_records(self, step: int, t: int, phase: str, questions: list[Question]) -> list[dict[str, Any]]:
+    def question_records(self, step: int, t: int, phase: str, questions: list[Question]) -> list[SampleRow]:
         """One generator row per questioner output (phase ``question`` in training, ``pool`` for the pool)."""
         pooled = {item.question_id for item in self.pool} if phase == "pool" else set()
         rows = []
@@ -475,14 +436,15 @@ class RZero(GeneratorRecipe):
             qid = f"i{t}-pool{i}" if phase == "pool" else f"s{step}-q{i}"
             rows.append(generator_row(
                 step, t, phase, q.output, question=q.text, question_id=qid, valid=q.text is not None,
-                answer=q.own_answer, label=q.label, label_source="majority", solve_rate=q.p, cluster=q.cluster,
+                answer=q.own_answer, label=q.label, label_source="majority", solve_rate=q.p,
                 reward=q.reward if phase == "question" else None, reward_terms=q.terms,
-                advantage=q.advantage if phase == "question" else None, in_pool=qid in pooled,
-                oracle=self.task.oracle(q.text, None, q.own_answer, q.label) if q.text else None))
+                advantage=q.advantage if phase == "question" else None,
+                oracle=self.task.oracle(q.text, None, q.own_answer, q.label) if q.text else None,
+                extra={"cluster": q.cluster, "in_pool": qid in pooled}))
         return rows
 
     def solver_records(self, step: int, t: int, batch: list[PoolItem], groups, answers, terms, rewards,
-                       advantages) -> list[dict[str, Any]]:
+                       advantages) -> list[SampleRow]:
         """One solver row per rollout, labelled with its pool question's majority answer."""
         rows, k = [], 0
         for item, group, group_answers, group_terms in zip(batch, groups, answers, terms):

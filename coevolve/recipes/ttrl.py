@@ -33,10 +33,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from coevolve.config import RunConfig
 from coevolve.data.benchmarks import load_benchmark
 from coevolve.grading.equivalence import normalize_answer
 from coevolve.grading.vote import VoteResult
-from coevolve.models import Policy
 from coevolve.recipes.base import (
     ArithLevels,
     PhaseTimer,
@@ -49,12 +49,11 @@ from coevolve.recipes.base import (
     step_seed,
     train_samples,
 )
-from coevolve.records import solver_row
+from coevolve.records import SampleRow, solver_row
 from coevolve.rewards.majority import agreement_rewards, seeded_vote, vote_margin
 from coevolve.rl.advantages import compute_advantages
-from coevolve.rl.trainer import PolicyTrainer
 from coevolve.rollout import Completion
-from coevolve.tasks.registry import Problem, get_task
+from coevolve.tasks.registry import Problem, Task, TaskDataError, get_task
 
 # The paper's MATH-500 run (its §4 settings): Qwen2.5-Math on the 500 test questions, 10 episodes of 32 questions a
 # step, 64 votes and 32 trained samples, AdamW at lr 5e-7 on a cosine schedule, 3072 new tokens, no KL term; on the
@@ -114,6 +113,16 @@ class Voted:
     label_correct: bool | None  # majority label = ground truth (None: no ground truth)
 
 
+def build_pool(config: RunConfig, params: TTRLParams, task: Task) -> list[Problem]:
+    """D, fixed by the run's seed: ``pool_size`` training problems, or a benchmark's questions (answers kept only for
+    the label telemetry)."""
+    if params.pool_source == "train":
+        return task.training_problems(random.Random(step_seed(config.seed, 0, "pool")), params.pool_size,
+                                      levels=params.levels, split=params.train_split)
+    items = load_benchmark(params.pool_source, data_dir=config.data_dir, limit=params.pool_size, seed=config.seed)
+    return [Problem(item.question, item.answer, item.meta.get("doc")) for item in items]
+
+
 def training_subset(n: int, m: int, how: str, seed: int) -> list[int]:
     """Indices of the M of N samples that enter the update: the first M (TTRL's code) or M drawn with ``seed``."""
     if how == "first":
@@ -137,12 +146,18 @@ class TTRL(Recipe):
 
     def __init__(self, config, params: TTRLParams):
         super().__init__(config, params)
-        self.task = get_task(config.task, data_dir=config.data_dir)
         self.policy = self.load_policy()
-        self.trainer = self.make_trainer(self.policy)
-        self.pool = self.build_pool()
+        self.trainer = self.make_trainer(self.policy, "solver")
+        self.pool = build_pool(config, params, self.task)
         self.vote_equivalence = self.task.vote_equivalence  # exact for integers, math-verify for math
         self.last_label: dict[str, str | None] = {}  # question id -> its majority answer when last voted on
+
+    @classmethod
+    def check_inputs(cls, config, params: TTRLParams) -> None:
+        super().check_inputs(config, params)
+        if not build_pool(config, params, get_task(config.task, data_dir=config.data_dir)):
+            raise TaskDataError(f"the question pool D is empty: params.pool_source {params.pool_source!r} holds no "
+                                f"questions")
 
     @classmethod
     def data_sets(cls, config, params: TTRLParams):
@@ -153,28 +168,14 @@ class TTRL(Recipe):
             extra = [params.pool_source]
         return super().data_sets(config, params) + extra
 
-    def trainers(self) -> dict[str, PolicyTrainer]:
-        return {"solver": self.trainer}
-
-    def solver(self) -> Policy:
-        return self.policy
-
     def state_dict(self) -> dict[str, Any]:
         return {"last_label": dict(self.last_label)}
 
     def load_state_dict(self, state) -> None:
-        self.last_label = dict(state["last_label"])
-
-    def build_pool(self) -> list[Problem]:
-        """D, fixed by the run's seed: ``pool_size`` training problems, or a benchmark's questions (answers kept only
-        for the label telemetry)."""
-        p = self.params
-        if p.pool_source == "train":
-            return self.task.training_problems(random.Random(step_seed(self.config.seed, 0, "pool")), p.pool_size,
-                                               levels=p.levels, split=p.train_split)
-        items = load_benchmark(p.pool_source, data_dir=self.config.data_dir, limit=p.pool_size,
-                               seed=self.config.seed)
-        return [Problem(item.question, item.answer, item.meta.get("doc")) for item in items]
+        last_label = dict(state["last_label"])
+        if not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in last_label.items()):
+            raise TypeError("last_label maps question ids to answers (strings or null)")
+        self.last_label = last_label
 
     def batch(self, step: int) -> list[int]:
         """Pool indices of step ``step``'s B questions: shuffled passes over D (epoch e in its own seeded order)."""
@@ -204,7 +205,7 @@ class TTRL(Recipe):
         with timer("update_solver"):
             self.trainer.phase_step(step - 1, self.config.steps)  # the lr schedule runs over the whole run
             completions = [v.group[i] for v in voted for i in v.trained]
-            stats = self.trainer.update(train_samples(completions, advantages, "solver"))
+            stats = self.trainer.update(train_samples(completions, advantages))
         metrics = self.vote_metrics(voted)  # before ``last_label`` moves on
         for v in voted:
             self.last_label[f"pool{v.index}"] = v.vote.label
@@ -239,7 +240,8 @@ class TTRL(Recipe):
             "reward/correct": mean(truth),
             "ttrl/label_accuracy": label_accuracy,
             "ttrl/label_error_rate": 1.0 - label_accuracy,
-            "ttrl/reward_accuracy": mean([float(float(agree) == t) for (_, agree, _), t in zip(trained_answers, truth)]),
+            "ttrl/reward_accuracy": mean([float(float(agree) == t)
+                                          for (_, agree, _), t in zip(trained_answers, truth)]),
             "ttrl/majority_ratio": mean([v.vote.p for v in voted]),
             "ttrl/vote_margin": mean([vote_margin(v.vote) for v in voted]),
             "ttrl/no_label_rate": mean([float(v.vote.label is None) for v in voted]),
@@ -249,7 +251,7 @@ class TTRL(Recipe):
             "solver/none_rate": mean([float(a is None) for v in voted for a in v.answers]),
         }
 
-    def records(self, step: int, voted: list[Voted], advantages: Sequence[float]) -> list[dict[str, Any]]:
+    def records(self, step: int, voted: list[Voted], advantages: Sequence[float]) -> list[SampleRow]:
         """One solver row per vote sample; ``trained`` marks the M that entered the update."""
         rows, k = [], 0
         label_source = "majority" if self.params.label_source == "majority" else "ground_truth"
@@ -263,9 +265,9 @@ class TTRL(Recipe):
                     label=label, label_source=label_source, solve_rate=v.vote.p,
                     reward=v.rewards[trained[i]] if in_update else None,
                     reward_terms={"agree": float(v.vote.agree[i])},
-                    advantage=float(advantages[k + trained[i]]) if in_update else None, trained=in_update,
-                    vote_margin=vote_margin(v.vote),
-                    oracle=self.task.oracle(v.problem.question, v.problem.doc, a, label)))
+                    advantage=float(advantages[k + trained[i]]) if in_update else None,
+                    oracle=self.task.oracle(v.problem.question, v.problem.doc, a, label),
+                    extra={"trained": in_update, "vote_margin": vote_margin(v.vote)}))
             k += len(v.trained)
         return rows
 

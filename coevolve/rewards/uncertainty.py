@@ -20,7 +20,8 @@ for the arithmetic world, whose questions (``3+4*5``) contain no spaces.
 from __future__ import annotations
 
 import re
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 

@@ -17,9 +17,9 @@ Conventions shared by all estimators:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -83,9 +83,10 @@ def grpo_advantages(rewards: ArrayLike, groups: ArrayLike, eps: float = 1e-6, un
     return s.centred / (s.std + eps)
 
 
-def dr_grpo_advantages(rewards: ArrayLike, groups: ArrayLike) -> np.ndarray:
-    """Dr.GRPO advantage A_i = r_i - mean_g (mean baseline, no std scaling; INFUSER's solver advantage, §2.3)."""
-    return _group_stats(rewards, groups, unbiased=True).centred
+def dr_grpo_advantages(rewards: ArrayLike, groups: ArrayLike, eps: float = 1e-6, unbiased: bool = True) -> np.ndarray:
+    """Dr.GRPO advantage A_i = r_i - mean_g (mean baseline, no std scaling; INFUSER's solver advantage, §2.3).
+    ``eps`` and ``unbiased`` are taken as every estimator takes them and change nothing here (no std, no division)."""
+    return _group_stats(rewards, groups, unbiased).centred
 
 
 def dugrpo_advantages(
@@ -191,6 +192,9 @@ def nonzero_variance_mask(rewards: ArrayLike, groups: ArrayLike) -> np.ndarray:
     return _group_stats(rewards, groups, unbiased=True).varies
 
 
+# The group-relative estimators by name: recipes choose one with ``compute_advantages(kind, ...)`` and type their
+# ``advantage`` setting as ``AdvantageKind`` (or a Literal of some of its names).
+AdvantageKind = Literal["grpo", "dr_grpo", "dugrpo", "batch_norm", "task_relative"]
 _ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
     "grpo": grpo_advantages,
     "dr_grpo": dr_grpo_advantages,
@@ -198,18 +202,16 @@ _ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
     "batch_norm": batch_norm_advantages,
     "task_relative": task_relative_advantages,
 }
+ADVANTAGE_KINDS: tuple[str, ...] = get_args(AdvantageKind)
 
-ADVANTAGE_KINDS: tuple[str, ...] = tuple(_ESTIMATORS)
 
-
-def compute_advantages(kind: str, rewards: ArrayLike, groups: ArrayLike, **kwargs: Any) -> np.ndarray:
-    """Dispatch to an estimator by name: one of ``ADVANTAGE_KINDS`` ("grpo", "dr_grpo", "dugrpo", "batch_norm",
-    "task_relative").
-
-    Keyword arguments go to the estimator (``eps``, ``unbiased``, ``include_zero_variance_in_sigma_b``, ``weights``).
-    """
+def compute_advantages(kind: str, rewards: ArrayLike, groups: ArrayLike, *, eps: float = 1e-6,
+                       **kwargs: Any) -> np.ndarray:
+    """The advantages of estimator ``kind`` (one of ``AdvantageKind``), with ``eps`` guarding its division (the
+    specs' 1e-6, or TRL's 1e-4). Further keyword arguments go to the estimator (``unbiased``,
+    ``include_zero_variance_in_sigma_b``, ``weights``)."""
     try:
         fn = _ESTIMATORS[kind]
     except KeyError:
         raise ValueError(f"unknown advantage kind {kind!r}; expected one of {ADVANTAGE_KINDS}") from None
-    return fn(rewards, groups, **kwargs)
+    return fn(rewards, groups, eps=eps, **kwargs)

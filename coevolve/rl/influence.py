@@ -139,7 +139,8 @@ class InfluenceStats:
 Preconditioner = tuple[torch.Tensor | None, int, float, float]  # (v_{t-1} or None, t, β2, eps)
 
 
-def adam_preconditioners(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]) -> list[Preconditioner]:
+def adam_preconditioners(optimizer: torch.optim.Optimizer,
+                         params: Sequence[torch.nn.Parameter]) -> list[Preconditioner]:
     """For each parameter of a torch Adam/AdamW: its live ``exp_avg_sq`` (None while the state is empty), t = its
     step count + 1, β2 and eps. Read only."""
     constants = {id(p): (float(g["betas"][1]), float(g["eps"])) for g in optimizer.param_groups for p in g["params"]}

@@ -120,8 +120,8 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
                 if scaled:
                     d_logits.div_(ctx.temperature)
                 d_logits = d_logits.to(ctx.dtype)
-                if need_hidden:
+                if grad_hidden is not None:
                     grad_hidden[rows] = d_logits @ w
-                if need_weight:
+                if grad_weight is not None:
                     grad_weight += d_logits.T @ hidden[rows].to(ctx.dtype)
         return grad_hidden, grad_weight, None, None, None, None

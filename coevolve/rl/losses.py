@@ -84,7 +84,8 @@ def policy_loss(
         ``clip_frac_low`` (rho < 1 - clip_low with A < 0), ``clip_frac_high`` (rho > 1 + clip_high with A > 0),
         ``dual_clip_frac``, ``kl_mean`` (k3, 0 without a reference), ``tis_clip_frac`` (raw weight above the cap),
         ``tis_weight_mean``, ``rollout_ratio_mean`` / ``rollout_ratio_max`` (raw pi_old / pi_rollout over completion
-        tokens, 1 without rollout log-probs: the sampler-trainer mismatch), ``n_tokens``, ``n_sequences`` and ``nonfinite``: True when a masked input value, a
+        tokens, 1 without rollout log-probs: the sampler-trainer mismatch), ``n_tokens``, ``n_sequences`` and
+        ``nonfinite``: True when a masked input value, a
         per-token ratio or loss, or the loss is NaN/inf. The loss is returned unchanged in that case; the caller must
         skip the step.
     """

@@ -4,7 +4,8 @@ A two-role run keeps a generator and a solver, each with fp32 weights and two Ad
 parameter). With this setting, the trainer about to sample, update or take gradients is made resident on the
 accelerator first and every other registered trainer's weights, optimizer state and frozen reference wait in host
 memory, so only one role's training state occupies the GPU. Recipes never call this: the Recipe base registers the
-trainers and wraps their samplers (:class:`coevolve.rollout.wrappers.ResidentEngine`), and the trainer and the influence functions call ``make_resident`` themselves.
+trainers and wraps their samplers (:class:`coevolve.rollout.wrappers.ResidentEngine`), and the trainer and the
+influence functions call ``make_resident`` themselves.
 On a CPU-only run every model already lives in host memory and nothing moves.
 """
 

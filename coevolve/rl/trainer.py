@@ -10,12 +10,14 @@ import copy
 import logging
 import math
 import random
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 import torch
 
 from coevolve import distributed
+from coevolve.config import LossAgg, LrSchedule, OptimizerReset, RoleSettings, TrainConfig
 from coevolve.rl import logprob_head
 from coevolve.rl.compiled_layers import compile_decoder_layers
 from coevolve.rl.losses import policy_loss
@@ -33,7 +35,6 @@ class TrainSample:
     completion_ids: list[int]
     rollout_logprobs: list[float]
     advantage: float
-    role: str = "solver"
 
 
 @dataclass
@@ -53,39 +54,27 @@ class UpdateSettings:
     dual_clip: float | None = None  # dual-clip PPO's c (verl's clip_ratio_c); None: off
     tis_cap: float | None = None
     kl_beta: float = 0.0
-    loss_agg: str = "seq_mean"  # seq_mean (GRPO) | token_sum_norm (Dr.GRPO) | token_mean (DAPO)
+    loss_agg: LossAgg = "seq_mean"  # seq_mean (GRPO) | token_sum_norm (Dr.GRPO) | token_mean (DAPO)
     norm_constant: int | None = None  # Dr.GRPO's C; defaults to max_new_tokens
     temperature: float = 1.0  # sampling temperature: log-probs are taken under logits / temperature
     lora: dict | None = None  # peft LoraConfig kwargs, e.g. {"r": 8, "lora_alpha": 16}
-    dtype: str = "fp32"  # fp32 | bf16 (bf16 autocast for forward and backward; fp32 weights and AdamW state)
+    dtype: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast for forward and backward; fp32 weights and AdamW state
     gradient_checkpointing: bool = False
     compile: bool = False  # torch.compile each decoder layer (coevolve.rl.compiled_layers)
     fsdp: bool = False  # shard weights, gradients and AdamW state over the ranks (coevolve.distributed.shard_model)
-    lr_schedule: str = "constant"  # constant | cosine (over a phase's steps: :func:`phase_lr_factor`)
+    lr_schedule: LrSchedule = "constant"  # over a phase's steps: :func:`phase_lr_factor`
     lr_warmup_ratio: float = 0.0
     lr_min_ratio: float = 0.0
-    optimizer_reset: str = "never"  # never | phase (a fresh AdamW at the start of each phase)
+    optimizer_reset: OptimizerReset = "never"  # phase: a fresh AdamW at the start of each phase
 
 
-def update_settings(train, **resolved) -> UpdateSettings:
-    """The run config's ``train`` section (a ``TrainConfig``) as UpdateSettings; ``resolved``: the values only the run
-    knows (its device, model and sampling temperature)."""
+def update_settings(train: TrainConfig, role: RoleSettings | None = None, **resolved: Any) -> UpdateSettings:
+    """The run config's ``train`` section as UpdateSettings, with a role's own settings (``roles.<role>``) over it;
+    ``resolved``: the values only the run knows (its device, model and sampling temperature)."""
     names = {f.name for f in fields(UpdateSettings)}
-    return UpdateSettings(**{**{k: v for k, v in train.model_dump().items() if k in names}, **resolved})
-
-
-@dataclass(frozen=True)
-class RoleUpdate:
-    """One role's own update settings; None keeps the run's ``train`` value."""
-
-    mini_batch_size: int | None = None
-    epochs: int | None = None
-    lr: float | None = None
-    lr_schedule: str | None = None
-    optimizer_reset: str | None = None
-
-    def apply(self, settings: UpdateSettings) -> UpdateSettings:
-        return replace(settings, **{k: v for k, v in asdict(self).items() if v is not None})
+    values = {k: v for k, v in train.model_dump().items() if k in names}
+    values.update(role.model_dump(exclude_none=True) if role is not None else {})
+    return UpdateSettings(**{**values, **resolved})
 
 
 def phase_lr_factor(settings: UpdateSettings, index: int, total: int) -> float:
@@ -102,12 +91,17 @@ def phase_lr_factor(settings: UpdateSettings, index: int, total: int) -> float:
     return settings.lr_min_ratio + (1 - settings.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+# The mini-batch order of update u is drawn with seed * UPDATE_SEED_STRIDE + u: a prime stride above any run's
+# number of updates, so that no two (seed, update) pairs share an order.
+UPDATE_SEED_STRIDE = 1_000_003
+
 # Packing a micro-batch into one row needs an N x N attention mask (N = its tokens); past this the mask's memory
 # and the attention over it cost more than padding, so longer micro-batches are padded instead.
 PACK_MAX_TOKENS = 4096
 
 
-def sequence_logprobs(model, samples: Sequence[TrainSample], pad_id: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logprobs(model, samples: Sequence[TrainSample], pad_id: int,
+                      temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each sample's completion tokens under ``model``: ([B, T], mask [B, T]).
 
     Row i holds sample i's completion in its last ``len(completion_ids)`` columns (T = the longest completion).
@@ -282,6 +276,14 @@ def _pass_tokens(model, packed_tokens: int, longest: int, rows: int) -> int:
     return packed_tokens if _packs(model, packed_tokens, longest) else rows * longest
 
 
+def wrap_lora(model: torch.nn.Module, lora: Mapping[str, Any]) -> torch.nn.Module:
+    """``model`` with LoRA adapters (peft ``LoraConfig`` kwargs, ``train.lora``) as a trainer trains it; a checkpoint
+    of the trained role loads into the result."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+
+
 class PolicyTrainer:
     """AdamW policy-gradient updates of one model (optionally LoRA), with an optional frozen reference."""
 
@@ -290,9 +292,9 @@ class PolicyTrainer:
         self.tokenizer = tokenizer
         self.seed = seed
         if settings.lora:
-            from peft import LoraConfig, get_peft_model
-
-            model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **settings.lora))
+            with torch.random.fork_rng():  # the adapters' random start: the same on every rank and in every run
+                torch.manual_seed(seed)
+                model = wrap_lora(model, settings.lora)
         if settings.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if settings.compile:
@@ -387,7 +389,7 @@ class PolicyTrainer:
         old = None if single_step else self._frozen_logprobs(self.model, samples)
         ref = self._reference_logprobs(samples)
         rollout = _right_aligned([s.rollout_logprobs for s in samples], width).to(self.device)
-        order_rng = random.Random(self.seed * 1_000_003 + self.updates_done)
+        order_rng = random.Random(self.seed * UPDATE_SEED_STRIDE + self.updates_done)
         totals: dict[str, float] = {}
         steps = skipped = 0
         self.model.train()
@@ -452,11 +454,11 @@ class PolicyTrainer:
             loss.backward()
             loss_sum += loss.detach()
             share = stats["n_tokens"] / max(total_tokens, 1)  # token-level statistics, weighted by tokens
-            for k, v in stats.items():
-                if k.endswith("_max"):
-                    stats_max[k] = max(stats_max.get(k, -math.inf), float(v))
-                elif k not in ("n_tokens", "n_sequences", "nonfinite"):
-                    stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * share
+            for name, v in stats.items():
+                if name.endswith("_max"):
+                    stats_max[name] = max(stats_max.get(name, -math.inf), float(v))
+                elif name not in ("n_tokens", "n_sequences", "nonfinite"):
+                    stats_sum[name] = stats_sum.get(name, 0.0) + float(v) * share
         shares = distributed.all_gather_objects((nonfinite, float(loss_sum), stats_sum, stats_max))
         if any(bad for bad, *_ in shares):
             log.warning("non-finite loss in a mini-batch; optimizer step skipped")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -21,15 +21,18 @@ def make_engine(policy, rollout, *, version: Callable[[], object] | None = None,
     ``version`` identifies the live weights (default: :func:`weights_version` of the model); an engine with its
     own copy of the weights reloads them when it changes. ``bf16``: the HF engine samples from a bf16 copy
     (``rollout.dtype`` resolved for the run's device). ``make_resident``: called before each call (roles take
-    turns on the GPU); ``data_parallel``: each rank samples its share and every rank sees the whole batch;
-    ``sharded``: the FSDP model whose whole weights every rank gathers to sample.
+    turns on the GPU); ``data_parallel``: each rank (vLLM: each engine, over ``rollout.vllm.tensor_parallel_size``
+    ranks) samples its share and every rank sees the whole batch; ``sharded``: the FSDP model whose whole weights
+    every rank gathers to sample with the HF engine.
     """
     engine = _engine(policy, rollout, version=version, seed=seed, bf16=bf16)
+    vllm = rollout.engine == "vllm"
     if make_resident is not None:
         engine = ResidentEngine(engine, make_resident)
-    if data_parallel:
-        engine = DataParallelEngine(engine, rollout.batch_size)
-    if sharded is not None:
+    if data_parallel:  # vLLM seeds each request; a tensor-parallel engine spans several ranks
+        engine = (DataParallelEngine(engine, unit=1, ranks_per_engine=rollout.vllm.tensor_parallel_size) if vllm
+                  else DataParallelEngine(engine, unit=rollout.batch_size))
+    if sharded is not None and not vllm:  # vLLM loads a sharded model's weights itself, gathered a tensor at a time
         engine = FullWeightsEngine(engine, sharded)
     return engine
 

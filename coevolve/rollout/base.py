@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -87,3 +88,21 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Ten
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that start at 0 on each row's first real token (left padding gets position 0)."""
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def distinct_prompts(prompt_ids: Sequence[Sequence[int]], device: torch.device | str = "cpu",
+                     ) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+    """The distinct prompts of a batch in first-seen order, and for each prompt the index of its distinct copy: a
+    sampler prefills each distinct prompt once and copies its cache to every row that shares it."""
+    distinct = list(dict.fromkeys(map(tuple, prompt_ids)))
+    index = {ids: i for i, ids in enumerate(distinct)}
+    return distinct, torch.tensor([index[tuple(ids)] for ids in prompt_ids], device=device)
+
+
+STOP_WINDOW = 16  # a row stops when the text of its last STOP_WINDOW tokens holds a stop string
+
+
+def holds_stop(tokenizer, tokens: Sequence[int], stop: Sequence[str], window: int | None = STOP_WINDOW) -> bool:
+    """Whether the text of the last ``window`` of ``tokens`` (None: all of them) holds one of the ``stop`` strings."""
+    text = tokenizer.decode(list(tokens[-window:] if window else tokens), skip_special_tokens=True)
+    return any(s in text for s in stop)

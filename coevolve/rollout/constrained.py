@@ -15,7 +15,7 @@ unconstrained policy's objective: tokens the model would rarely have chosen itse
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

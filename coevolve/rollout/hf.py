@@ -8,15 +8,18 @@ token under the temperature-scaled distribution, the pi_old that the trainer's P
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import StaticCache
 
 from coevolve.rollout.base import (
     PROMPT_SEED_STRIDE,
+    STOP_WINDOW,
     Completion,
     SamplingParams,
+    distinct_prompts,
+    holds_stop,
     left_pad,
     position_ids_from_mask,
     weights_version,
@@ -114,7 +117,7 @@ class HFRolloutEngine:
         rollout seed contract), so sampling a slice of whole batches reproduces the whole call's samples.
         """
         static = self.copy is not None and params.regex is None and supports_static(self.model)
-        model = self.copy.current() if static else self.model
+        model = self.copy.current() if self.copy is not None and static else self.model
         generator = torch.Generator(device=next(model.parameters()).device)
         completions: list[Completion] = []
         for start in range(0, len(prompts), self.batch_size):
@@ -153,14 +156,11 @@ class HFRolloutEngine:
                            finish_reason=reasons[i]) for i in range(len(prompts))]
 
     def _first_stop(self, tokens: list[int], first: int, stop: Sequence[str]) -> int | None:
-        """The first index ``i >= first`` whose last 16 tokens contain a stop string (the plain loop's rule)."""
-        def has_stop(part: list[int]) -> bool:
-            text = self.tokenizer.decode(part, skip_special_tokens=True)
-            return any(s in text for s in stop)
-
-        if not has_stop(tokens[max(0, first - 15):]):
-            return None
-        return next((i for i in range(first, len(tokens)) if has_stop(tokens[max(0, i - 15):i + 1])), None)
+        """The first index ``i >= first`` at which the last ``STOP_WINDOW`` tokens hold a stop string (the plain
+        loop's rule)."""
+        if not holds_stop(self.tokenizer, tokens[max(0, first - STOP_WINDOW + 1):], stop, window=None):
+            return None  # no window of the span can hold one
+        return next((i for i in range(first, len(tokens)) if holds_stop(self.tokenizer, tokens[:i + 1], stop)), None)
 
     @torch.no_grad()
     def _generate_batch(self, model, prompts: Sequence[str], params: SamplingParams,
@@ -231,9 +231,7 @@ class HFRolloutEngine:
         Returns the next-token logits [B, V], the cache (expanded to one row per prompt), the padding mask
         over the cache's slots [B, P + new] and each row's position of its last prompt token [B, 1].
         """
-        distinct = list(dict.fromkeys(map(tuple, prompt_ids)))
-        index = {ids: i for i, ids in enumerate(distinct)}
-        expand = torch.tensor([index[tuple(ids)] for ids in prompt_ids], device=device)
+        distinct, expand = distinct_prompts(prompt_ids, device)
         input_ids, attention_mask = left_pad(distinct, self.tokenizer.pad_token_id)
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         # Every slot after the prompt will hold a generated token, so the padding mask is fixed up front.
@@ -249,15 +247,15 @@ class HFRolloutEngine:
 
     def _stopped(self, tails: list[list[int]], row_of: list[int], alive: torch.Tensor, chosen: torch.Tensor,
                  ended: set[int], stop: Sequence[str]) -> list[int]:
-        """Batch rows still generating whose last 16 tokens now contain a stop string."""
+        """Batch rows still generating whose last ``STOP_WINDOW`` tokens now hold a stop string."""
         stopped = []
         for i, (live, token) in enumerate(zip(alive.tolist(), chosen.tolist())):
             if not live or i in ended:
                 continue
             tail = tails[row_of[i]]
             tail.append(token)
-            del tail[:-16]
-            if any(s in self.tokenizer.decode(tail, skip_special_tokens=True) for s in stop):
+            del tail[:-STOP_WINDOW]
+            if holds_stop(self.tokenizer, tail, stop):
                 stopped.append(i)
         return stopped
 

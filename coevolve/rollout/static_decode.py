@@ -16,14 +16,14 @@ loop knows are not supported (:func:`supports`); the engine then uses its plain 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from coevolve.rollout.base import SamplingParams, left_pad, position_ids_from_mask
+from coevolve.rollout.base import SamplingParams, distinct_prompts, left_pad, position_ids_from_mask
 
 DECODE_ATTENTION = "coevolve_decode"
 BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -69,7 +69,7 @@ class StaticKVCache:
         self.keys, self.values, self.write_at = keys, values, write_at
 
     @classmethod
-    def allocate(cls, config, rows: int, slots: int, dtype: torch.dtype, device: torch.device) -> "StaticKVCache":
+    def allocate(cls, config, rows: int, slots: int, dtype: torch.dtype, device: torch.device) -> StaticKVCache:
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (rows, kv_heads, slots, head_dim)
@@ -78,7 +78,7 @@ class StaticKVCache:
                    [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
                    torch.zeros(1, dtype=torch.long, device=device))
 
-    def rows(self, n: int) -> "StaticKVCache":
+    def rows(self, n: int) -> StaticKVCache:
         return StaticKVCache([k[:n] for k in self.keys], [v[:n] for v in self.values], self.write_at)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -192,9 +192,7 @@ class StaticDecoder:
         """Run each distinct prompt once into a small cache, copy it to every row; returns the next-token logits."""
         device = self.slot_ids.device
         batch = len(prompt_ids)
-        distinct = list(dict.fromkeys(map(tuple, prompt_ids)))
-        index = {ids: i for i, ids in enumerate(distinct)}
-        expand = torch.tensor([index[tuple(ids)] for ids in prompt_ids], device=device)
+        distinct, expand = distinct_prompts(prompt_ids, device)
         ids, attention = left_pad(distinct, pad_id)
         ids, attention = ids.to(device), attention.to(device)
         width, real, positions = ids.shape[1], attention.bool(), position_ids_from_mask(attention)

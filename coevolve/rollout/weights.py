@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -16,7 +16,9 @@ import torch
 def hf_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The model's weights under their Hugging Face checkpoint names, LoRA adapters merged in.
 
-    A peft model is merged for the copy and unmerged afterwards, so training continues on the adapters.
+    A peft model is merged for the copy and unmerged afterwards, so training continues on the adapters. A model
+    sharded with FSDP2 yields each tensor gathered whole as it is read, one at a time, so a reader that loads them
+    one by one never holds a second whole model; every rank must read them all, in order (each is a collective).
     """
     if hasattr(model, "merge_adapter") and hasattr(model, "peft_config"):
         model.merge_adapter()
@@ -28,7 +30,8 @@ def hf_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield from state.items()
         return
     for name, tensor in model.state_dict().items():
-        yield name, tensor.detach()
+        tensor = tensor.detach()
+        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # a DTensor: an FSDP2 shard
 
 
 def _checkpoint_name(name: str) -> str:
@@ -65,7 +68,7 @@ class SamplerCopy:
             self.model = self._build()
         elif self.version() == self.loaded_version:
             return self.model
-        self._load()
+        self._load(self.model)
         self.refresh_seconds += time.perf_counter() - started
         self.refreshes += 1
         return self.model
@@ -89,8 +92,8 @@ class SamplerCopy:
         return clone
 
     @torch.no_grad()
-    def _load(self) -> None:
-        params = dict(self.model.named_parameters(remove_duplicate=False))
+    def _load(self, model: torch.nn.Module) -> None:
+        params = dict(model.named_parameters(remove_duplicate=False))
         for name, tensor in hf_state_dict(self.source):
             if name in params:
                 params[name].copy_(tensor)

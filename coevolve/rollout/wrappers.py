@@ -5,11 +5,11 @@ Each forwards ``pop_metrics`` and ``release`` (where the engine it wraps has it)
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from coevolve.distributed import all_gather_objects, full_weights, shard_bounds
+from coevolve.distributed import all_gather_objects, full_weights, rank, shard_bounds
 from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, RolloutEngine, SamplingParams
 
 
@@ -43,22 +43,27 @@ class ResidentEngine(EngineWrapper):
 
 
 class DataParallelEngine(EngineWrapper):
-    """Each rank samples its contiguous share of the prompts (whole engine batches); all ranks get every completion.
+    """Each engine samples its contiguous share of the prompts (whole multiples of ``unit``); all ranks get every
+    completion.
 
     Prompt ``j`` of a call with seed ``s`` is sampled as if it were the first prompt of a call with seed
     ``s + j * PROMPT_SEED_STRIDE``, so a rank sampling prompts ``[a, b)`` reproduces exactly what one process
-    sampling all of them would have (shares are whole batches of ``batch_size``, the unit of the HF engine's RNG).
+    sampling all of them would have (``unit``: the HF engine's batch size, the unit of its RNG; 1 for vLLM, which
+    seeds each request). ``ranks_per_engine`` consecutive ranks run one engine together (a vLLM tensor-parallel group):
+    they sample the same share and the first of them contributes it. Every rank calls its engine, with an empty share
+    too, since an engine's start and weight sync may be collective.
     """
 
-    def __init__(self, inner: RolloutEngine, batch_size: int):
+    def __init__(self, inner: RolloutEngine, unit: int, ranks_per_engine: int = 1):
         super().__init__(inner)
-        self.batch_size = batch_size
+        self.unit = unit
+        self.ranks_per_engine = ranks_per_engine
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
-        start, end = shard_bounds(len(prompts), unit=self.batch_size)
-        local = (self.inner.generate(prompts[start:end], params, seed + start * PROMPT_SEED_STRIDE)
-                 if end > start else [])
-        return [c for part in all_gather_objects(local) for c in part]
+        start, end = shard_bounds(len(prompts), unit=self.unit, ranks_per_share=self.ranks_per_engine)
+        local = self.inner.generate(prompts[start:end], params, seed + start * PROMPT_SEED_STRIDE)
+        first_of_engine = rank() % self.ranks_per_engine == 0
+        return [c for part in all_gather_objects(local if first_of_engine else []) for c in part]
 
 
 class FullWeightsEngine(EngineWrapper):

@@ -48,7 +48,7 @@ import random
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from coevolve.data.benchmarks import Benchmark, EvalItem, register
 from coevolve.grading.extract import extract_boxed, extract_prefixed
@@ -366,7 +366,7 @@ def problem_key(question: str, doc: str | None = None) -> str:
     return canonical if doc is None else f"{doc}|{canonical}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _held_out_full(level: int, seed: int, grounded: bool) -> tuple[ArithProblem, ...]:
     rng = random.Random(f"held-out/{seed}/{level}/{grounded}")
     problems: dict[str, ArithProblem] = {}
@@ -376,7 +376,8 @@ def _held_out_full(level: int, seed: int, grounded: bool) -> tuple[ArithProblem,
     return tuple(problems.values())
 
 
-def held_out(level: int, n: int = HELD_OUT_SIZE, seed: int = HELD_OUT_SEED, grounded: bool = False) -> list[ArithProblem]:
+def held_out(level: int, n: int = HELD_OUT_SIZE, seed: int = HELD_OUT_SEED,
+             grounded: bool = False) -> list[ArithProblem]:
     """The fixed held-out test set of ``level``: ``n`` distinct problems, the same on every call.
 
     Training samplers exclude the default-seed sets (all levels, plain and grounded), so use the

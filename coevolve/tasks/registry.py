@@ -9,8 +9,9 @@ A recipe only calls the methods of ``Task``; the evaluation harness reaches an i
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from coevolve.data.benchmarks import EvalItem, load_benchmark
 from coevolve.grading.equivalence import answers_equivalent, verify_equivalent

@@ -138,7 +138,8 @@ def write_report(runs: Path, out: Path) -> str:
         lines.append(_run_row(r, s, _eval_cell(after[r])))
     lines += ["", "## Two-step runs of tests/test_real_lm_loop.py (copied to runs/loop/)", "",
               "| recipe | help | steps | generator valid rate per step | generator reward per step | solver reward "
-              "per step | steps with a solver update (non-zero advantage) | warm-up in the test | s per phase (total) |",
+              "per step | steps with a solver update (non-zero advantage) | warm-up in the test "
+              "| s per phase (total) |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in RECIPES:
         s = loop[r]

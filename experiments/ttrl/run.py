@@ -70,7 +70,8 @@ def collapse_report(results: Sequence[ArmResult], here: Path, seeds: Sequence[in
                                  .exists()):
             cells = [r.extra.get(key, [None] * (i + 1))[i] for key in PER_SEED]
             lines.append(f"| {r.arm.name} | {seed} | " + " | ".join(
-                "–" if v is None else (f"{v:.0f}" if key.endswith("step") else f"{v:.3f}") for key, v in zip(PER_SEED, cells))
+                "–" if v is None else (f"{v:.0f}" if key.endswith("step") else f"{v:.3f}")
+                for key, v in zip(PER_SEED, cells))
                 + " |")
         lines.append(f"| {r.arm.name} | mean ± sd | " + " | ".join(mean_sd(r.extra.get(key, [])) for key in PER_SEED)
                      + " |")
