@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from coevolve.config import ConfigError
+from coevolve.config import ConfigError, RunConfig
 from coevolve.recipes.base import (
     PhaseTimer,
     Recipe,
@@ -47,10 +47,12 @@ from coevolve.recipes.base import (
     step_seed,
     train_samples,
 )
-from coevolve.records import generator_row, solver_row
+from coevolve.records import SampleRow, generator_row, solver_row
 from coevolve.rewards.azr import learnability, proposer_reward, solver_reward
 from coevolve.rl.advantages import compute_advantages
+from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion, SamplingParams
+from coevolve.tasks.registry import Task
 from coevolve.tasks.triplets import (
     INVALID_REASONS,
     KINDS,
@@ -133,7 +135,7 @@ class Solved:
     advantage: float = 0.0
 
 
-def make_world(config, params: AZRParams) -> ProgramWorld:
+def make_world(config: RunConfig, params: AZRParams) -> ProgramWorld:
     """The program world of ``config.task``; the python world sets up its sandbox here, before any model loads."""
     if config.task == "program":
         from coevolve.tasks.program import TinyProgramWorld
@@ -160,6 +162,7 @@ class AZR(Recipe):
     name = "azr"
     summary = ("one policy proposes deduction/abduction/induction tasks and solves them; execution validates and "
                "grades; learnability reward, Task-Relative REINFORCE++")
+    roles = ("policy",)
     Params = AZRParams
     defaults = {
         "steps": 100, "eval_every": 20,
@@ -184,26 +187,25 @@ class AZR(Recipe):
         },
     }
 
-    def __init__(self, config, params: AZRParams):
+    def __init__(self, config: RunConfig, params: AZRParams):
         super().__init__(config, params)
         self.world = make_world(config, params)  # the sandbox first: no model loads where it cannot run
         self.policy = self.load_policy()
         if config.task == "program" and self.policy.prompt_style != "compact":
             raise ConfigError("config key 'model': the program world's formats are the tiny-program model's; chat "
                               "models run azr with task=python")
-        self.style = self.policy.prompt_style
-        self.trainer = self.make_trainer(self.policy)
+        self.trainer = self.make_trainer(self.policy, "policy")
         self.buffers = TaskBuffers(params.max_buffer)
         self.proposer_sampling = replace(self.sampling, max_new_tokens=params.proposer_max_tokens
                                          or self.sampling.max_new_tokens)
         self.kinds: list[Kind] = list(params.task_types)
         self.execution = {kind: ExecutionStats() for kind in KINDS}  # since the last metrics row
 
-    def trainers(self):
-        return {"policy": self.trainer}
-
-    def solver(self):
-        return self.policy
+    @classmethod
+    def run_task(cls, config: RunConfig) -> Task | None:
+        """The program world's registry task (its prog_* evaluation sets); the python world has none: its tasks are
+        the proposer's, checked by the sandboxed executor."""
+        return None if config.task == "python" else super().run_task(config)
 
     def state_dict(self) -> dict[str, Any]:
         return {"buffers": self.buffers.state_dict()}
@@ -360,11 +362,11 @@ class AZR(Recipe):
                                                   weights=weights)):
             x.advantage = float(a)
 
-    def train_batch(self, proposed: list[Proposed], solved: list[Solved]) -> list:
+    def train_batch(self, proposed: list[Proposed], solved: list[Solved]) -> list[TrainSample]:
         """Every proposer output (unless the generator is frozen) and every solver rollout, with its advantage."""
         proposer = [] if self.config.frozen_generator else train_samples(
-            [q.completion for q in proposed], [q.advantage for q in proposed], "generator")
-        return proposer + train_samples([s.completion for s in solved], [s.advantage for s in solved], "solver")
+            [q.completion for q in proposed], [q.advantage for q in proposed])
+        return proposer + train_samples([s.completion for s in solved], [s.advantage for s in solved])
 
     # --- telemetry and records --------------------------------------------------------------------
     def pop_execution(self) -> dict[str, Any]:
@@ -412,7 +414,7 @@ class AZR(Recipe):
             "executor/timeouts": sum(e.timeouts for e in execution.values()),
         }
 
-    def records(self, step: int, proposed: list[Proposed], solved: list[Solved]) -> list[dict[str, Any]]:
+    def records(self, step: int, proposed: list[Proposed], solved: list[Solved]) -> list[SampleRow]:
         """A generator row per proposal, a solver row per learnability rollout (phase "estimate", not trained) and
         per solver rollout (phase "solve")."""
         rows = []
@@ -420,21 +422,22 @@ class AZR(Recipe):
             qid = f"s{step}-{q.kind[:3]}{i}"
             rows.append(generator_row(
                 step, None, "propose", q.completion, question=describe(q.task), question_id=qid,
-                valid=q.task is not None, answer=None, label=None, label_source="execution",
+                valid=q.task is not None, label_source="execution",
                 solve_rate=mean([float(c) for c in q.estimate_correct]) if q.task else None, reward=q.reward,
-                reward_terms={"r_propose": q.r_propose}, advantage=q.advantage, oracle=None, task_type=q.kind,
-                invalid_reason=q.reason, references=[describe(t) for t in q.references]))
+                reward_terms={"r_propose": q.r_propose}, advantage=q.advantage,
+                extra={"task_type": q.kind, "invalid_reason": q.reason,
+                       "references": [describe(t) for t in q.references]}))
             rows += [solver_row(
                 step, None, "estimate", c, question=describe(q.task), question_id=qid, answer=a,
-                label=gold(q.kind, q.task), label_source="execution", solve_rate=None, reward=None,
-                reward_terms={"correct": float(ok)}, advantage=None, oracle=None, task_type=q.kind)
+                label=gold(q.kind, q.task), label_source="execution", reward_terms={"correct": float(ok)},
+                extra={"task_type": q.kind})
                 for c, a, ok in zip(q.estimates, q.estimate_answers, q.estimate_correct)]
         for i, s in enumerate(solved):
             rows.append(solver_row(
                 step, None, "solve", s.completion, question=describe(s.task), question_id=f"s{step}-solve{i}",
-                answer=s.answer, label=gold(s.kind, s.task), label_source="execution", solve_rate=None,
-                reward=s.reward, reward_terms={"correct": float(s.correct)}, advantage=s.advantage, oracle=None,
-                task_type=s.kind, new_task=s.new))
+                answer=s.answer, label=gold(s.kind, s.task), label_source="execution", reward=s.reward,
+                reward_terms={"correct": float(s.correct)}, advantage=s.advantage,
+                extra={"task_type": s.kind, "new_task": s.new}))
         return rows
 
 
