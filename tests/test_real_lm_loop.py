@@ -24,7 +24,8 @@ def test_solver_is_updated_within_two_steps_with_format_help(recipe, smollm2_dir
     assert solver_updates(recipe, rows), f"{recipe}: no solver update with a non-zero advantage in 2 steps: {rows}"
 
 
-@pytest.mark.skipif(sandbox_problem() is not None, reason=f"no sandbox to run model-written programs: {sandbox_problem()}")
+@pytest.mark.skipif(sandbox_problem() is not None,
+                    reason=f"no sandbox to run model-written programs: {sandbox_problem()}")
 def test_azr_proposes_a_valid_program_and_updates_its_solver_within_two_steps(smollm2_dir, tmp_path):
     """Absolute Zero in the python world, its programs run in the sandbox: with the proposer's and the solver's formats
     constrained, some proposed program is a valid task (parses, safe, runs, deterministic) and the solver's

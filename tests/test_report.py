@@ -177,5 +177,6 @@ def test_task_types_in_the_report_and_the_comparison(tmp_path: Path) -> None:
     rows, _ = compare_runs(runs, tmp_path / "cmp")
     assert [r["tasks/deduction/valid_rate"] for r in rows] == [0.5, 0.9]
     assert rows[1]["tasks/induction/solve_rate_final"] == pytest.approx(0.2)
-    assert rows[0]["tasks/abduction/buffer_size_final"] == 20 and rows[0]["tasks/abduction/executor_timeouts_total"] == 2
+    assert rows[0]["tasks/abduction/buffer_size_final"] == 20
+    assert rows[0]["tasks/abduction/executor_timeouts_total"] == 2
     assert rows[0]["tasks/deduction/invalid_syntax"] == 0.5

@@ -7,10 +7,11 @@ Built like tiny-arith (:func:`coevolve.models.tiny_arith.ensure_built`: determin
 ``tiny-arith`` and every experiment on it are unchanged.
 
 Pretraining mixture (programs of 1-3 operations, inputs 0-9, held-out programs excluded): solving and proposing each
-task type, a sixth each; a proposal's references are 0 to ``max_references`` random triplets. As with tiny-arith, it is meant to be only partly competent: a share ``bare_answer_rate`` (60%) of
-the multi-step deduction solutions and of the abduction solutions give the bare answer without the worked trace or
-search, so the model often answers at once and wrongly, while it still writes the worked form in some samples; a
-reward for correct answers can teach it to use it.
+task type, a sixth each; a proposal's references are 0 to ``max_references`` random triplets. As with tiny-arith, it
+is meant to be only partly competent: a share ``bare_answer_rate`` (60%) of the multi-step deduction solutions and of
+the abduction solutions give the bare answer without the worked trace or search, so the model often answers at once
+and wrongly, while it still writes the worked form in some samples; a reward for correct answers can teach it to use
+it.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from coevolve.data.benchmarks import Benchmark, EvalItem, register
 from coevolve.grading.guard import parses_model_text
@@ -68,7 +68,7 @@ HELD_OUT_SIZE = 200
 TAGS = {"deduction": "O:", "abduction": "I:", "induction": "P:"}  # the solver's answer line per task type
 QUERY = {"deduction": "O?", "abduction": "I?", "induction": "P?"}
 PROPOSE = {"deduction": "W:D", "abduction": "W:A", "induction": "W:I"}
-_PROGRAM = re.compile(r"[0-9x+\-*()]{1,%d}" % MAX_PROGRAM_CHARS)
+_PROGRAM = re.compile(r"[0-9x+\-*()]{1,%d}" % MAX_PROGRAM_CHARS)  # noqa: UP031
 _INTEGER = re.compile(r"-?[0-9]{1,7}")
 _OPS = re.compile(r"[-+*]")
 
@@ -349,7 +349,7 @@ class HeldOutTask:
     level: int
 
 
-@lru_cache(maxsize=None)
+@cache
 def _held_out(kind: Kind) -> tuple[HeldOutTask, ...]:
     rng = random.Random(f"program-held-out/{HELD_OUT_SEED}/{kind}")
     tasks: dict[str, HeldOutTask] = {}

@@ -71,7 +71,7 @@ def __coevolve_plain(value):
         return False
 
     return value if plain(value, 0) else %r
-""" % NOT_A_LITERAL
+""" % NOT_A_LITERAL  # noqa: UP031  (the code's own braces would need doubling)
 _REASONS = {"syntax": "syntax", "error": "error", "forbidden": "forbidden", "timeout": "timeout",
             "memory": "resource", "output": "resource", "killed": "resource"}
 
@@ -428,13 +428,14 @@ class PythonWorld(ProgramWorld):
 
     def proposer_regex(self, kind):
         if kind == "induction":
-            return r"(```input\n%s\n```\n){%d}```message\n[^\n`]{1,80}\n```" % (_ARGUMENTS, self.n_inputs)
+            inputs = r"(```input\n%s\n```\n){%d}" % (_ARGUMENTS, self.n_inputs)  # noqa: UP031
+            return inputs + r"```message\n[^\n`]{1,80}\n```"
         return _FUNCTION + r"\n```input\n" + _ARGUMENTS + r"\n```"
 
     def solver_regex(self, kind):
         if kind == "induction":
             return _FUNCTION
-        block = r"```output\n[^\n`]{1,60}\n```" if kind == "deduction" else r"```input\n%s\n```" % _ARGUMENTS
+        block = r"```output\n[^\n`]{1,60}\n```" if kind == "deduction" else r"```input\n" + _ARGUMENTS + r"\n```"
         return r"[^`]{0,100}" + block  # a short reasoning, then the block, within a small model's budget
 
     def pop_execution_stats(self) -> ExecutionStats:
