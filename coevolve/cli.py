@@ -267,7 +267,8 @@ def eval_(
         _fail(str(exc), 2)
     except (ModelNotFoundError, FileNotFoundError, EngineUnavailable) as exc:
         _fail(str(exc))
-    set_names = [s.strip() for s in sets.split(",")] if sets else (default_sets or default_eval_sets("arith"))
+    set_names = [s.strip() for s in sets.split(",")] if sets else (
+        default_sets or default_eval_sets("program" if target == "tiny-program" else "arith"))
     out_dir = out or (Path(target) / "eval" / label if Path(target, "config.yaml").exists() else None)
     engine = make_engine(policy, SamplingConfig(engine=engine_name), seed=seed)
     try:

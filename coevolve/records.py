@@ -19,7 +19,8 @@ from typing import Any, Literal, get_args
 
 from coevolve.rollout.base import Completion
 
-LabelSource = Literal["majority", "generator", "ground_truth"]  # whose answer the solver is rewarded against
+# whose answer the solver is rewarded against (AZR's "execution": running the task's program checks the answer)
+LabelSource = Literal["majority", "generator", "ground_truth", "execution"]
 OLD_LABEL_SOURCES = {"proposer": "generator"}  # what older runs wrote for "generator" (PasoDoble's Proposer)
 
 

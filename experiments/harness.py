@@ -31,6 +31,9 @@ from coevolve.records import current_metric_names
 
 LEVELS = range(1, 7)
 LEVEL_KEYS = [f"eval/arith_l{level}/accuracy" for level in LEVELS]
+# The accuracy table's columns: (metrics key, header); and a column of the mean over some of them (header, indices)
+ARITH_COLUMNS = tuple((key, f"L{level}") for key, level in zip(LEVEL_KEYS, LEVELS))
+ARITH_NOTE = "Greedy accuracy on the 200-question held-out set of each level, after the last step."
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,9 @@ class Experiment:
     arms: tuple[Arm, ...]
     measure: Measure | None = None
     extra_report: ExtraReport | None = None
+    columns: tuple[tuple[str, str], ...] = ARITH_COLUMNS
+    mean_column: tuple[str, tuple[int, ...]] | None = ("L3+L4", (2, 3))
+    accuracy_note: str = ARITH_NOTE
 
 
 @dataclass
@@ -130,7 +136,7 @@ def run_all(arms: Sequence[Arm], seeds: Sequence[int], root: Path, jobs: int) ->
 
 
 def collect(arms: Sequence[Arm], seeds: Sequence[int], root: Path, compare_dir: Path,
-            measure: Measure | None = None) -> list[ArmResult]:
+            measure: Measure | None = None, keys: Sequence[str] = LEVEL_KEYS) -> list[ArmResult]:
     """Final and starting accuracy per arm and seed, plus the comparison rows (shared cluster space)."""
     from coevolve.analytics.compare import compare_runs
 
@@ -143,8 +149,8 @@ def collect(arms: Sequence[Arm], seeds: Sequence[int], root: Path, compare_dir: 
                 print(f"missing: {out} has not finished; left out", file=sys.stderr)
                 continue
             rows = _read_metrics(out)
-            evals = [r for r in rows if LEVEL_KEYS[0] in r]
-            for key in LEVEL_KEYS:
+            evals = [r for r in rows if keys[0] in r]
+            for key in keys:
                 result.final.setdefault(key, []).append(evals[-1][key])
                 result.start[key] = evals[0][key]
             result.wall_s.append(json.loads((out / "summary.json").read_text()).get("wall_s")
@@ -212,27 +218,37 @@ DIVERSITY_COLUMNS = ("valid_rate", "label_error_rate", "mean_distinct_2", "mean_
 
 
 def write_results(results: Sequence[ArmResult], seeds: Sequence[int], here: Path, title: str,
-                  extra_report: ExtraReport | None = None) -> str:
+                  extra_report: ExtraReport | None = None, columns: Sequence[tuple[str, str]] = ARITH_COLUMNS,
+                  mean_column: tuple[str, tuple[int, ...]] | None = ("L3+L4", (2, 3)),
+                  accuracy_note: str = ARITH_NOTE) -> str:
     """``results.json``, ``results.md`` (tables) and ``accuracy.png``; returns the markdown.
 
-    ``extra_report(results, here, seeds)`` returns markdown lines that replace the generic table of
-    ``measure``'s values (and may write its own figures into ``here``).
+    ``columns`` are the accuracy table's (metrics key, header) pairs (default: the arithmetic levels), with a column
+    of the mean over ``mean_column``'s indices. ``extra_report(results, here, seeds)`` returns markdown lines that
+    replace the generic table of ``measure``'s values (and may write its own figures into ``here``).
     """
+    keys, headers = [k for k, _ in columns], [h for _, h in columns]
     untrained = next((r.start for r in results if r.start), {})
+    mean_header, mean_of = mean_column if mean_column else ("", ())
+
+    def combined(values: dict[str, Any], per_seed: bool) -> Any:
+        parts = [values[keys[i]] for i in mean_of]
+        return [statistics.fmean(v) for v in zip(*parts)] if per_seed else statistics.fmean(parts)
+
+    extra_header = f" {mean_header} |" if mean_column else ""
     lines = [f"# {title}: measured results", "",
-             (f"Seeds {', '.join(map(str, seeds))}; mean ± sample standard deviation over seeds. "
-              "Greedy accuracy on the 200-question held-out set of each level, after the last step."), "",
-             "| arm | " + " | ".join(f"L{level}" for level in LEVELS) + " | L3+L4 | wall s |",
-             "|---|" + "---|" * (len(LEVELS) + 2)]
+             f"Seeds {', '.join(map(str, seeds))}; mean ± sample standard deviation over seeds. {accuracy_note}", "",
+             "| arm | " + " | ".join(headers) + f" |{extra_header} wall s |",
+             "|---|" + "---|" * (len(keys) + 1 + bool(mean_column))]
     if untrained:
-        lines.append("| untrained (step 0) | " + " | ".join(f"{untrained[k]:.3f}" for k in LEVEL_KEYS)
-                     + f" | {(untrained[LEVEL_KEYS[2]] + untrained[LEVEL_KEYS[3]]) / 2:.3f} | – |")
+        lines.append("| untrained (step 0) | " + " | ".join(f"{untrained[k]:.3f}" for k in keys)
+                     + (f" | {combined(untrained, False):.3f}" if mean_column else "") + " | – |")
     for r in results:
         if not r.final:
             continue
-        l34 = [(a + b) / 2 for a, b in zip(r.final[LEVEL_KEYS[2]], r.final[LEVEL_KEYS[3]])]
-        lines.append(f"| {r.arm.name} | " + " | ".join(mean_sd(r.final[k]) for k in LEVEL_KEYS)
-                     + f" | {mean_sd(l34)} | {statistics.fmean(r.wall_s):.0f} |")
+        lines.append(f"| {r.arm.name} | " + " | ".join(mean_sd(r.final[k]) for k in keys)
+                     + (f" | {mean_sd(combined(r.final, True))}" if mean_column else "")
+                     + f" | {statistics.fmean(r.wall_s):.0f} |")
     lines += ["", "Curriculum (generated questions; pooled over each run, then mean ± sd over seeds):", "",
               "| arm | " + " | ".join(DIVERSITY_COLUMNS) + " |", "|---|" + "---|" * len(DIVERSITY_COLUMNS)]
     for r in results:
@@ -257,31 +273,33 @@ def write_results(results: Sequence[ArmResult], seeds: Sequence[int], here: Path
         {"name": r.arm.name, "recipe": r.arm.recipe, "preset": r.arm.preset, "overrides": list(r.arm.overrides),
          "final": r.final, "wall_s": r.wall_s, "extra": r.extra, "runs": r.compare_rows} for r in results]}
     (here / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    _plot_accuracy(results, untrained, here / "accuracy.png", title)
+    _plot_accuracy(results, untrained, here / "accuracy.png", title, columns)
     return markdown
 
 
-def _plot_accuracy(results: Sequence[ArmResult], untrained: dict[str, float], path: Path, title: str) -> None:
+def _plot_accuracy(results: Sequence[ArmResult], untrained: dict[str, float], path: Path, title: str,
+                   columns: Sequence[tuple[str, str]] = ARITH_COLUMNS) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
+    keys = [k for k, _ in columns]
     shown = [r for r in results if r.final]
     names = (["untrained"] if untrained else []) + [r.arm.name for r in shown]
     width = 0.8 / max(len(names), 1)
     fig, ax = plt.subplots(figsize=(9, 3.8))
-    x = np.arange(len(LEVEL_KEYS))
+    x = np.arange(len(keys))
     for i, name in enumerate(names):
         if name == "untrained":
-            means, sds = [untrained[k] for k in LEVEL_KEYS], [0.0] * len(LEVEL_KEYS)
+            means, sds = [untrained[k] for k in keys], [0.0] * len(keys)
         else:
             r = shown[i - (1 if untrained else 0)]
-            means = [statistics.fmean(r.final[k]) for k in LEVEL_KEYS]
-            sds = [statistics.stdev(r.final[k]) if len(r.final[k]) > 1 else 0.0 for k in LEVEL_KEYS]
+            means = [statistics.fmean(r.final[k]) for k in keys]
+            sds = [statistics.stdev(r.final[k]) if len(r.final[k]) > 1 else 0.0 for k in keys]
         ax.bar(x + i * width - 0.4 + width / 2, means, width, yerr=sds, label=name, capsize=2)
-    ax.set_xticks(x, [f"L{level}" for level in LEVELS])
+    ax.set_xticks(x, [h for _, h in columns])
     ax.set_ylabel("greedy accuracy (held-out)")
     ax.set_title(title)
     ax.legend(fontsize=8)
@@ -306,5 +324,7 @@ def main(experiment: Experiment, argv: Sequence[str] | None = None) -> None:
         started = time.time()
         run_all(chosen, args.seeds, args.runs_dir, args.jobs)
         print(f"all runs finished in {time.time() - started:.0f} s", flush=True)
-    results = collect(chosen, args.seeds, args.runs_dir, args.runs_dir / f"compare_{here.name}", experiment.measure)
-    print(write_results(results, args.seeds, here, experiment.title, experiment.extra_report))
+    results = collect(chosen, args.seeds, args.runs_dir, args.runs_dir / f"compare_{here.name}", experiment.measure,
+                      [key for key, _ in experiment.columns])
+    print(write_results(results, args.seeds, here, experiment.title, experiment.extra_report, experiment.columns,
+                        experiment.mean_column, experiment.accuracy_note))

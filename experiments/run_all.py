@@ -7,6 +7,7 @@ import argparse
 import time
 from pathlib import Path
 
+from experiments.azr.run import EXPERIMENT as AZR
 from experiments.dynamic_rl.run import EXPERIMENT as DYNAMIC_RL
 from experiments.harness import main, run_all
 from experiments.infuser.run import EXPERIMENT as INFUSER
@@ -15,7 +16,7 @@ from experiments.pasodoble.run import EXPERIMENT as PASODOBLE
 from experiments.prism.run import EXPERIMENT as PRISM
 from experiments.ttrl.run import EXPERIMENT as TTRL
 
-EXPERIMENTS = (DYNAMIC_RL, OPENSIR, PRISM, PASODOBLE, INFUSER, TTRL)
+EXPERIMENTS = (DYNAMIC_RL, OPENSIR, PRISM, PASODOBLE, INFUSER, TTRL, AZR)
 HERE = Path(__file__).resolve().parent
 
 if __name__ == "__main__":

@@ -25,8 +25,16 @@ CASES = {
     "opensir": ["params.batch_size=4", "params.group_size=2", "params.teacher_upscale=1",
                 "rollout.max_new_tokens=144", "params.l_base=144", "params.l_cap=144"],
     "dynamic_rl": ["params.n=4", "params.m=4", "params.question_max_tokens=128"],
+    # AZR in the python world: deduction and abduction (induction's checks are tests/test_python_world.py's; with it
+    # the two steps took 5 CPU-minutes), 2 tasks per type and role, 2 learnability rollouts, 96 tokens for a proposal
+    # (64 cut 2 of 6 short in a measured run); seeding stops after one round (tests/test_real_lm_loop.py)
+    "azr": ["task=python", "params.task_types=[deduction,abduction]", "rollout.max_new_tokens=64",
+            "params.proposer_max_tokens=96", "params.batch_size=2", "params.references=1",
+            "params.learnability_samples=2", "params.seed_batch_factor=1", "params.seed_max_rounds=1",
+            "params.execution_timeout_s=5", "params.execution_workers=2"],
 }
-SOLVER_STEPS = {"opensir": "policy/optimizer_steps", "dynamic_rl": "policy/optimizer_steps"}
+SOLVER_STEPS = {"opensir": "policy/optimizer_steps", "dynamic_rl": "policy/optimizer_steps",
+                "azr": "policy/optimizer_steps"}
 # The format warm-up (`coevolve sft` keys) of the recipes whose solver must agree with the generator's answer.
 # INFUSER's 4 steps suffice. PasoDoble needs 16 steps: after 4, 8 or 12 steps of 4 no question was retained in the
 # two steps; 16 of 2 (here) retain 2 in step 2, the experiment's 16 of 4 in both (experiments/real_lm/README.md).

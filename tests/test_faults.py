@@ -26,9 +26,11 @@ from coevolve.rewards.filters import filter_reasons, is_multi_part
 from coevolve.rewards.format import _has_final_phrase, parse_teacher_output, student_format_score
 from coevolve.rollout import Completion
 from coevolve.store import RunStore
-from coevolve.tasks import arith, math, mcq
+from coevolve.tasks import arith, math, mcq, program
+from coevolve.tasks.python_programs import PythonWorld
 
 BOXED = "so \\boxed{5}"
+PYTHON = PythonWorld(executor=None)  # reads proposals and answers only: no program runs here
 # Every parser of model text in the recipes: (parser, its "invalid output" value, a valid output).
 PARSERS = {
     "extract_answer(math)": (extract_answer, None, BOXED),
@@ -47,6 +49,11 @@ PARSERS = {
     "r_zero solver format": (has_think_format, False, "<think>2+3=5</think> \\boxed{5}"),
     "pasodoble proposer": (parse_proposal, (None, None), "<problem>What is 2+3?</problem><answer>\\boxed{5}</answer>"),
     "infuser generator": (parse_generator_json, None, '{"question_text": "What is 2+3?", "ground_truth": "5"}'),
+    "azr program proposal": (lambda t: program.read_proposal("deduction", t), "format", "P:5*x\nI:9"),
+    "azr program answer": (program.read_tagged, None, "O:45"),
+    "azr python proposal": (lambda t: PYTHON.read_proposal("deduction", t), "format",
+                            "```python\ndef f(a):\n    return a\n```\n```input\n3\n```"),
+    "azr python answer": (lambda t: PYTHON.read_answer("deduction", t), None, "```output\n3\n```"),
 }
 
 N = 60_000  # characters of each slow-regex probe (under MAX_TEXT_CHARS): the regexes replaced took 3 s to minutes

@@ -60,10 +60,12 @@ def test_report_is_self_contained_and_escaped(tmp_path: Path) -> None:
     assert hostile not in page
     images = _images(page)
     pngs = sorted(p.name for p in (run_dir / "report").glob("*.png"))
-    # embed=False: no cluster statistics, so the per-iteration coverage section has no plot; no majority vote (TTRL)
-    assert len(images) == len(pngs) == len(SECTIONS) - 2 and "coverage.png" not in pngs and "vote.png" not in pngs
+    # embed=False: no cluster statistics, so the per-iteration coverage section has no plot; no majority vote (TTRL),
+    # no task types (AZR)
+    assert len(images) == len(pngs) == len(SECTIONS) - 3 and not {"coverage.png", "vote.png", "task_types.png"} & \
+        set(pngs)
     assert all(img.size[0] >= 600 and img.size[1] >= 200 for img in images)
-    assert page.count('class="nodata"') == 2
+    assert page.count('class="nodata"') == 3
     for step in ("iteration 0", "iteration 1"):
         assert f"<h3>{step}</h3>" in page
 
@@ -107,7 +109,8 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert colours is not None and len(colours) > 500, f"screenshot looks blank ({len(colours or [])} colours)"
     dom = subprocess.run([browser, *flags, f"--user-data-dir={tmp_path / 'profile2'}", "--dump-dom", url],
                          capture_output=True, text=True, timeout=120, check=False).stdout
-    assert len(DATA_URI.findall(dom)) == len(SECTIONS) - 2  # all but coverage (needs embeddings) and TTRL's vote
+    assert len(DATA_URI.findall(dom)) == len(SECTIONS) - 3  # all but coverage (needs embeddings), TTRL's vote and AZR's
+    # task types
 
 
 def _normalized_entropy(run_dir: Path, centroids: np.ndarray, step: int | None = None) -> float:
@@ -150,3 +153,30 @@ def test_compare_runs(tmp_path: Path, encoder: object) -> None:  # noqa: F811
     assert len(_images(page)) == 4 and (out / "accuracy_gsm8k.png").is_file()
     assert len(rich_table(rows).columns) == 3 and rich_table(rows).row_count == len(rows[0]) - 1
     assert not (a / "analytics" / "curriculum.json").exists()  # comparison leaves run analytics alone
+
+
+def test_task_types_in_the_report_and_the_comparison(tmp_path: Path) -> None:
+    """A run that logs tasks/<type>/... (azr) gets the task-type figure and table, and compare gets its columns."""
+    runs = []
+    for name, valid in (("a", 0.5), ("b", 0.9)):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "config.yaml").write_text(yaml.safe_dump({"recipe": "azr", "model": "tiny-program",
+                                                             "task": "program", "steps": 2}))
+        rows = [{"step": step, "time_s": float(step), **{f"tasks/{kind}/{key}": value for kind in
+                 ("deduction", "abduction", "induction") for key, value in (
+                     ("valid_rate", valid), ("invalid_syntax", 1 - valid), ("invalid_timeout", 0.0),
+                     ("learnability", 0.25), ("solve_rate", 0.1 * step), ("buffer_size", 10 * step),
+                     ("buffer_distinct_ops", 3), ("executor_s", 0.5), ("executor_timeouts", 1))}}
+                for step in (1, 2)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append(run_dir)
+    page = write_report(runs[0], embed=False).read_text()
+    assert (runs[0] / "report" / "task_types.png").is_file() and 'id="task_types"' in page
+    assert "<td class=\"text\">abduction</td>" in page
+    rows, _ = compare_runs(runs, tmp_path / "cmp")
+    assert [r["tasks/deduction/valid_rate"] for r in rows] == [0.5, 0.9]
+    assert rows[1]["tasks/induction/solve_rate_final"] == pytest.approx(0.2)
+    assert rows[0]["tasks/abduction/buffer_size_final"] == 20
+    assert rows[0]["tasks/abduction/executor_timeouts_total"] == 2
+    assert rows[0]["tasks/deduction/invalid_syntax"] == 0.5

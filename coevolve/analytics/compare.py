@@ -38,6 +38,7 @@ from coevolve.analytics.report import (
     plot_lines,
     png_bytes,
 )
+from coevolve.analytics.task_types import task_type_summary
 from coevolve.embeddings import ClusterSpace, encoder_name
 from coevolve.jsonio import atomic_write_bytes, jsonable, write_json
 
@@ -153,6 +154,9 @@ def compare_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, *, embed: 
     votes = [vote_summary(r) for r in runs]  # TTRL's vote telemetry and the collapse step: columns some run has
     for row, vote in zip(rows, votes):
         row.update({k: vote[k] for k in vote if any(v[k] is not None for v in votes)})
+    tasks = [task_type_summary(r) for r in runs]  # per task type (AZR): columns some run has
+    for row, summary in zip(rows, tasks):
+        row.update({f"tasks/{k}": summary.get(k) for k in dict.fromkeys(k for t in tasks for k in t)})
 
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]))

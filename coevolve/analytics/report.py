@@ -30,6 +30,7 @@ from coevolve.analytics.curriculum import (
     band_label,
     load_run,
 )
+from coevolve.analytics.task_types import SUMMARY, invalid_reasons, task_type_summary, task_types
 from coevolve.jsonio import atomic_write_bytes
 
 REPORT_DIR = "report"
@@ -314,6 +315,32 @@ def _fig_cost(run: RunData, an: dict[str, Any]) -> Figure | None:
     return fig
 
 
+TASK_PANELS = (("valid_rate", "valid proposals", True), ("learnability", "learnability r_propose (valid tasks)", True),
+               ("solve_rate", "solve rate (solver rollouts)", True), ("buffer_size", "buffer size", False),
+               ("buffer_distinct_ops", "distinct operations in the buffer", False),
+               ("executor_s", "execution seconds", False))
+
+
+def _fig_task_types(run: RunData, an: dict[str, Any]) -> Figure | None:
+    """Per task type: validity, learnability, solve rate, buffer size and diversity, execution time; then why
+    proposals were invalid, one panel per type."""
+    kinds = task_types(run)
+    if not kinds:
+        return None
+    fig, ax = new_figure(3, 3, height=3.2)
+    for n, (name, title, unit) in enumerate(TASK_PANELS):
+        plot_lines(ax[n // 3, n % 3], _metric_lines(run, [f"tasks/{k}/{name}" for k in kinds],
+                                                    lambda key: key.split("/")[1]), title, unit_range=unit)
+    for n in range(3):
+        if n < len(kinds):
+            reasons = [f"tasks/{kinds[n]}/invalid_{r}" for r in invalid_reasons(run, kinds[n])]
+            plot_lines(ax[2, n], _metric_lines(run, reasons, lambda key: key.rsplit("invalid_", 1)[1]),
+                       f"{kinds[n]}: invalid, by reason", unit_range=True)
+        else:
+            ax[2, n].axis("off")
+    return fig
+
+
 SECTIONS: list[tuple[str, str, Callable[[RunData, dict[str, Any]], Figure | None], str]] = [
     ("accuracy", "Evaluation accuracy", _fig_accuracy, "Accuracy of the solver on each evaluation set."),
     ("training", "Training rewards and losses", _fig_training, ""),
@@ -334,6 +361,10 @@ SECTIONS: list[tuple[str, str, Callable[[RunData, dict[str, Any]], Figure | None
      "Share of solver training labels that are wrong according to the exact checker (analytics only)."),
     ("validity", "Validity", _fig_validity,
      "Share of generator outputs that parse, answers leaked into the question, generator answers that are right."),
+    ("task_types", "Task types", _fig_task_types,
+     "Per task type (AZR's deduction, abduction, induction): the share of proposals that are valid tasks, the "
+     "proposer's learnability reward, the solver's solve rate, the size and diversity of the task buffer, the seconds "
+     "spent running programs, and why proposals were not valid tasks."),
     ("cost", "Cost", _fig_cost, "Seconds per phase and tokens per role, from metrics.jsonl."),
 ]
 
@@ -468,6 +499,19 @@ def _summary_html(run: RunData, an: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def _task_types_html(run: RunData) -> str:
+    """The per-task-type summary as a table: one line per type, one column per summary value."""
+    summary, kinds = task_type_summary(run), task_types(run)
+    columns = list(dict.fromkeys(key.split("/", 1)[1] for key in summary))
+    notes = {f"{name}{ {'mean': '', 'last': '_final', 'sum': '_total'}[how] }": what for name, how, what in SUMMARY}
+    header = ["task type", *columns]
+    table = html_table(header, [[kind, *(summary.get(f"{kind}/{c}") for c in columns)] for kind in kinds],
+                       text_cols=[0])
+    legend = "; ".join(f"{c}: {notes.get(c, 'share of proposals invalid for this reason, mean over steps')}"
+                       for c in columns)
+    return table + f'<p class="note">{esc(legend)}</p>'
+
+
 def write_report(run_dir: str | Path, out: str | Path | None = None, *, embed: bool = True,
                  analytics: dict[str, Any] | None = None, samples_per_group: int = 8) -> Path:
     """Write the HTML report of a (finished or running) run and return its path.
@@ -495,6 +539,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, embed: b
         data = png_bytes(fig)
         atomic_write_bytes(png_path, data)
         body.append(f'<img alt="{esc(title)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">')
+        if name == "task_types":
+            body.append(_task_types_html(run))
     body += ["<h2>Sample generated questions</h2>", _samples_html(run, an, samples_per_group)]
     page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>coevolve report: {esc(run.run_dir.name)}</title><style>{CSS}</style></head>"

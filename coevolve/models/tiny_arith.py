@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import transformers
@@ -91,6 +92,46 @@ class TinyArithBuild:
                              sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
+    # --- what a character-level build needs besides its settings (CharModelBuild) ---
+    corpus = "tiny-arith"  # names the build: the data-order seed, the progress bar, the cache folder
+
+    def sample(self, rng: random.Random) -> tuple[str, str]:
+        """One (prompt, completion) pair of the pretraining mixture."""
+        return _sample(rng, self.max_level, self.bare_answer_rate)
+
+    def report(self, model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast) -> dict:
+        """What ``build_info.json`` says the model can do: greedy accuracy per level, plain and grounded, and the
+        share of valid written questions."""
+        return {"accuracy": greedy_accuracy(model, tokenizer, self.eval_n),
+                "grounded_accuracy": greedy_accuracy(model, tokenizer, self.eval_n, grounded=True),
+                "valid_question_rate": valid_question_rate(model, tokenizer, self.eval_n),
+                "format_version": arith.FORMAT_VERSION, "build_version": BUILD_VERSION}
+
+
+class CharModelBuild(Protocol):
+    """What the shared build machinery (:func:`pretrain`, :func:`ensure_built`) needs of a character-level model's
+    build settings: the model shape and optimisation fields of :class:`TinyArithBuild`, a corpus name, a sampler of
+    the pretraining mixture, a report of what the model can do, and a fingerprint of all of it."""
+
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    steps: int
+    batch: int
+    lr: float
+    warmup: int
+    weight_decay: float
+    seed: int
+    threads: int
+    corpus: str
+
+    def sample(self, rng: random.Random) -> tuple[str, str]: ...
+
+    def report(self, model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast) -> dict: ...
+
+    def fingerprint(self) -> str: ...
+
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """The character-level tokenizer: one token per printable ASCII character or newline, BOS prepended."""
@@ -104,7 +145,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
                                    unk_token="<unk>", model_max_length=512)
 
 
-def _new_model(build: TinyArithBuild, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+def _new_model(build: CharModelBuild, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=build.hidden, intermediate_size=build.intermediate,
         num_hidden_layers=build.layers, num_attention_heads=build.heads, num_key_value_heads=build.heads,
@@ -129,11 +170,11 @@ def _sample(rng: random.Random, max_level: int, bare_answer_rate: float) -> tupl
     return arith.question_prompt(examples=examples, doc=problem.doc), arith.question_completion(problem)
 
 
-def _batches(build: TinyArithBuild, tokenizer: PreTrainedTokenizerFast):
+def _batches(build: CharModelBuild, tokenizer: PreTrainedTokenizerFast):
     """Yield (input_ids, attention_mask, labels) batches in a fixed order given by the build seed."""
-    rng = random.Random(f"tiny-arith/{build.seed}")
+    rng = random.Random(f"{build.corpus}/{build.seed}")
     for _ in range(0, build.steps, SORT_WINDOW):
-        pairs = [_sample(rng, build.max_level, build.bare_answer_rate) for _ in range(SORT_WINDOW * build.batch)]
+        pairs = [build.sample(rng) for _ in range(SORT_WINDOW * build.batch)]
         prompts = tokenizer([p for p, _ in pairs])["input_ids"]
         completions = tokenizer([c for _, c in pairs], add_special_tokens=False)["input_ids"]
         rows = sorted(zip(prompts, completions), key=lambda r: len(r[0]) + len(r[1]))
@@ -156,7 +197,7 @@ def _collate(rows: list[tuple[list[int], list[int]]], pad_id: int, eos_id: int):
     return ids, mask, labels
 
 
-def _lr_factor(step: int, build: TinyArithBuild) -> float:
+def _lr_factor(step: int, build: CharModelBuild) -> float:
     """Linear warm-up, then cosine decay to a tenth of the peak."""
     if step < build.warmup:
         return (step + 1) / build.warmup
@@ -165,7 +206,7 @@ def _lr_factor(step: int, build: TinyArithBuild) -> float:
 
 
 @contextmanager
-def _torch_threads(build: TinyArithBuild) -> Iterator[None]:
+def _torch_threads(build: CharModelBuild) -> Iterator[None]:
     """Run with the build's torch thread count, restoring the caller's afterwards."""
     previous = torch.get_num_threads()
     torch.set_num_threads(build.threads or max(1, os.cpu_count() or 1))
@@ -175,7 +216,7 @@ def _torch_threads(build: TinyArithBuild) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def pretrain(build: TinyArithBuild,
+def pretrain(build: CharModelBuild,
              progress: bool = False) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, list[float]]:
     """Train a fresh model from scratch; returns (model in eval mode, tokenizer, loss per step).
 
@@ -186,7 +227,7 @@ def pretrain(build: TinyArithBuild,
         return _pretrain(build, progress)
 
 
-def _pretrain(build: TinyArithBuild, progress: bool) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, list[float]]:
+def _pretrain(build: CharModelBuild, progress: bool) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, list[float]]:
     torch.manual_seed(build.seed)
     tokenizer = build_tokenizer()
     model = _new_model(build, tokenizer)
@@ -197,7 +238,7 @@ def _pretrain(build: TinyArithBuild, progress: bool) -> tuple[LlamaForCausalLM, 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, build))
     model.train()
     losses: list[float] = []
-    bar = tqdm(total=build.steps, desc="building tiny-arith", disable=not progress, unit="step")
+    bar = tqdm(total=build.steps, desc=f"building {build.corpus}", disable=not progress, unit="step")
     for step, (ids, mask, labels) in zip(range(build.steps), _batches(build, tokenizer)):
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
@@ -234,24 +275,21 @@ def valid_question_rate(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerF
     return sum(arith.parse_question(o.text) is not None for o in outputs) / max(1, n)
 
 
-def _build_into(folder: Path, build: TinyArithBuild, progress: bool) -> None:
+def _build_into(folder: Path, build: CharModelBuild, progress: bool) -> None:
     start = time.time()
     model, tokenizer, losses = pretrain(build, progress)
     trained = time.time()
     with torch.no_grad(), _torch_threads(build):
-        report = {
-            "accuracy": greedy_accuracy(model, tokenizer, build.eval_n),
-            "grounded_accuracy": greedy_accuracy(model, tokenizer, build.eval_n, grounded=True),
-            "valid_question_rate": valid_question_rate(model, tokenizer, build.eval_n),
-        }
+        report = build.report(model, tokenizer)
+    versions = {key: report.pop(key) for key in ("format_version", "build_version")}
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     info = {
-        "build": asdict(build), "fingerprint": build.fingerprint(), "format_version": arith.FORMAT_VERSION,
-        "build_version": BUILD_VERSION, "parameters": sum(p.numel() for p in model.parameters()),
+        "build": asdict(build), "fingerprint": build.fingerprint(), **versions,
+        "parameters": sum(p.numel() for p in model.parameters()),
         "threads": build.threads or max(1, os.cpu_count() or 1),
         "final_loss": sum(losses[-50:]) / len(losses[-50:]),
         "seconds": {"train": round(trained - start, 1), "eval": round(time.time() - trained, 1),
@@ -276,9 +314,14 @@ def ensure_tiny_arith(cache_dir: Path | None = None, build: TinyArithBuild | Non
     renamed into place when complete, so concurrent callers wait for one build and never see a
     partial folder. It holds the safetensors weights, the tokenizer and ``build_info.json``.
     """
-    build = build or TinyArithBuild.default()
+    return ensure_built(build or TinyArithBuild.default(), cache_dir, progress)
+
+
+def ensure_built(build: CharModelBuild, cache_dir: Path | None = None, progress: bool = True) -> Path:
+    """The folder ``<cache_dir>/<corpus>-<fingerprint>`` of a character-level build, built on first use
+    (:func:`build_cached_folder`): safetensors weights, the tokenizer and ``build_info.json``."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return build_cached_folder(root / f"tiny-arith-{build.fingerprint()}", "build_info.json",
+    return build_cached_folder(root / f"{build.corpus}-{build.fingerprint()}", "build_info.json",
                                lambda folder: _build_into(folder, build, progress))
 
 

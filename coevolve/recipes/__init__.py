@@ -42,6 +42,8 @@ def default_eval_sets(task: str) -> list[str]:
     """What a run evaluates when the config names no sets."""
     if task == "arith":
         return [f"arith_l{level}" for level in range(1, 7)]
+    if task == "program":
+        return ["prog_deduction", "prog_abduction", "prog_induction"]
     return {"math": ["gsm8k", "math500"], "mcq": ["supergpqa"]}.get(task, [])
 
 

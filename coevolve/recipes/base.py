@@ -88,7 +88,7 @@ class Recipe:
     def __init__(self, config: RunConfig, params: RecipeParams):
         self.config = config
         self.params = params
-        self.task: Task = get_task(config.task, data_dir=config.data_dir)
+        self.task: Task | None = self.run_task(config)
         self.sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                                        top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens)
         self.solver_sampling = self.sampling
@@ -167,6 +167,12 @@ class Recipe:
 
         for name in cls.data_sets(config, params):
             load_benchmark(name, data_dir=config.data_dir)
+
+    @classmethod
+    def run_task(cls, config: RunConfig) -> Task | None:
+        """The run's task world (``self.task``): ``config.task`` as :func:`get_task` names it. None only for a recipe
+        whose tasks come from a world of its own that no registry task describes (AZR's python world)."""
+        return get_task(config.task, data_dir=config.data_dir)
 
     @classmethod
     def start_model(cls, config: RunConfig, params: RecipeParams, role: str) -> str:
@@ -288,8 +294,11 @@ class Recipe:
         """``n`` solver rollouts per prompt (:meth:`sample_groups`, ``params`` unset: the solver's training sampling)
         with the answer each gives, parsed by the run's task (``self.task``) in ``policy``'s prompt style: one
         (completions, answers) pair per prompt."""
+        task = self.task
+        if task is None:
+            raise ValueError(f"{self.name}: the {self.config.task} world has no registry task to parse answers")
         groups = self.sample_groups(policy, prompts, n, seed, params)
-        return [(group, [self.task.parse_answer(c.text, policy.prompt_style) for c in group]) for group in groups]
+        return [(group, [task.parse_answer(c.text, policy.prompt_style) for c in group]) for group in groups]
 
 
 def train_samples(completions: Sequence[Completion], advantages: Sequence[float]) -> list[TrainSample]:

@@ -151,6 +151,38 @@ def decomposed_advantages(
     )
 
 
+def task_relative_advantages(
+    rewards: ArrayLike,
+    groups: ArrayLike,
+    eps: float = 1e-6,
+    unbiased: bool = True,
+    weights: ArrayLike | None = None,
+) -> np.ndarray:
+    """Task-Relative REINFORCE++ (Absolute Zero, arXiv 2505.03335, §3.3.5): A = (r - mu_g) / (sigma_g + eps), where a
+    group g is one (task type, role) pair: six baselines for AZR's three task types and two roles, between GRPO's
+    per-question baseline and REINFORCE++'s one global baseline.
+
+    ``weights=None`` is the paper's Eq. 8: one term per sample, which is :func:`grpo_advantages` with the task-role
+    pairs as groups. With ``weights`` (each sample's token count) the mean and std are taken over tokens instead, as
+    AZR's code does: verl's REINFORCE++ whitens the token-level returns of each task-role batch (``masked_whiten``,
+    the variance with Bessel's correction over tokens when ``unbiased``), so a long response weighs more.
+    """
+    if weights is None:
+        return grpo_advantages(rewards, groups, eps=eps, unbiased=unbiased)
+    r = _to_numpy(rewards, np.float64)
+    w = _to_numpy(weights, np.float64)
+    s = _group_stats(rewards, groups, unbiased)  # checks shapes and finiteness; gives the zero-variance groups
+    if w.shape != r.shape or np.any(w <= 0):
+        raise ValueError("weights must be positive and aligned with rewards")
+    _, idx = np.unique(_to_numpy(groups, np.int64), return_inverse=True)
+    total = np.bincount(idx, weights=w)
+    mean = np.bincount(idx, weights=w * r) / total
+    centred = np.where(s.varies, r - mean[idx], 0.0)
+    dof = total - 1.0 if unbiased else total
+    std = np.sqrt(np.bincount(idx, weights=w * centred**2) / np.maximum(dof, 1.0))
+    return np.where(s.varies, centred / (std[idx] + eps), 0.0)
+
+
 def nonzero_variance_mask(rewards: ArrayLike, groups: ArrayLike) -> np.ndarray:
     """True for members of groups whose rewards are not all equal.
 
@@ -162,12 +194,13 @@ def nonzero_variance_mask(rewards: ArrayLike, groups: ArrayLike) -> np.ndarray:
 
 # The group-relative estimators by name: recipes choose one with ``compute_advantages(kind, ...)`` and type their
 # ``advantage`` setting as ``AdvantageKind`` (or a Literal of some of its names).
-AdvantageKind = Literal["grpo", "dr_grpo", "dugrpo", "batch_norm"]
+AdvantageKind = Literal["grpo", "dr_grpo", "dugrpo", "batch_norm", "task_relative"]
 _ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
     "grpo": grpo_advantages,
     "dr_grpo": dr_grpo_advantages,
     "dugrpo": dugrpo_advantages,
     "batch_norm": batch_norm_advantages,
+    "task_relative": task_relative_advantages,
 }
 ADVANTAGE_KINDS: tuple[str, ...] = get_args(AdvantageKind)
 
@@ -176,7 +209,7 @@ def compute_advantages(kind: str, rewards: ArrayLike, groups: ArrayLike, *, eps:
                        **kwargs: Any) -> np.ndarray:
     """The advantages of estimator ``kind`` (one of ``AdvantageKind``), with ``eps`` guarding its division (the
     specs' 1e-6, or TRL's 1e-4). Further keyword arguments go to the estimator (``unbiased``,
-    ``include_zero_variance_in_sigma_b``)."""
+    ``include_zero_variance_in_sigma_b``, ``weights``)."""
     try:
         fn = _ESTIMATORS[kind]
     except KeyError:

@@ -1,3 +1,3 @@
 """Task worlds: prompts, parsers, generators and data loaders."""
 
-from coevolve.tasks import arith  # noqa: F401  (registers the arith evaluation sets)
+from coevolve.tasks import arith, program  # noqa: F401  (register their evaluation sets)

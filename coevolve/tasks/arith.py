@@ -324,14 +324,14 @@ def _bind(node: _Node | None, bindings: dict[str, int]) -> None:
 # ----------------------------------------------------------------------------- generation
 
 
-def _random_expr(n_ops: int, rng: random.Random, leaf) -> tuple[str, int]:
+def random_expression(n_ops: int, rng: random.Random, leaf) -> tuple[str, int]:
     """A random expression with ``n_ops`` operations, as (text, precedence of its top operator)."""
     if n_ops == 0:
         return leaf(), 3
     n_left = rng.randint(0, n_ops - 1)
     op = rng.choice("+-*")
-    left, left_prec = _random_expr(n_left, rng, leaf)
-    right, right_prec = _random_expr(n_ops - 1 - n_left, rng, leaf)
+    left, left_prec = random_expression(n_left, rng, leaf)
+    right, right_prec = random_expression(n_ops - 1 - n_left, rng, leaf)
     if left_prec < _PREC[op]:
         left = f"({left})"
     if right_prec < _PREC[op] or (right_prec == _PREC[op] and op == "-"):
@@ -352,10 +352,10 @@ def generate_problem(level: int, rng: random.Random, grounded: bool = False) -> 
     if grounded:
         doc = random_doc(level, rng)
         names = [item[0] for item in doc.split(",")]
-        question, _ = _random_expr(level, rng, lambda: rng.choice(names))
+        question, _ = random_expression(level, rng, lambda: rng.choice(names))
     else:
         doc = None
-        question, _ = _random_expr(level, rng, lambda: str(rng.randint(0, OPERAND_MAX[level])))
+        question, _ = random_expression(level, rng, lambda: str(rng.randint(0, OPERAND_MAX[level])))
     return ArithProblem(question=question, answer=evaluate(question, doc), level=level, doc=doc,
                         trace=solution_trace(question, doc))
 

@@ -1,8 +1,9 @@
 """Tasks as recipes and evaluation see them: prompts, answer parsing, ground-truth grading, training problems, oracle.
 
-``arith`` is the toy world with an exact checker; ``math`` is free-form answers in ``\\boxed{}``
-(training problems from GSM8K train); ``mcq`` (evaluation only) is a lettered choice in ``\\boxed{}``. A recipe only
-calls the methods of ``Task``; the evaluation harness reaches an item's task with :func:`task_for`.
+``arith`` is the toy world with an exact checker; ``program`` is AZR's triplet tasks over the tiny model's integer
+functions (deduction, abduction, induction; checked by evaluating the program); ``math`` is free-form answers in
+``\\boxed{}`` (training problems from GSM8K train); ``mcq`` (evaluation only) is a lettered choice in ``\\boxed{}``.
+A recipe only calls the methods of ``Task``; the evaluation harness reaches an item's task with :func:`task_for`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from coevolve.grading.extract import extract_lenient
 from coevolve.tasks import arith
 from coevolve.tasks import math as math_task
 from coevolve.tasks import mcq as mcq_task
+from coevolve.tasks import program as program_task
 
 LENIENT_RULE = "last number or expression (a number, a/b, \\frac{a}{b} or \\boxed{}, whichever ends last)"
 
@@ -141,6 +143,49 @@ class ArithTask(Task):
                 "label_correct": _as_int(label) == truth if label is not None else None}
 
 
+class ProgramTask(Task):
+    """AZR's three task types over the tiny model's programs (:mod:`coevolve.tasks.program`). A question is a task's
+    compact solver prompt; its answer is a check spec, which grading checks by evaluating the program."""
+
+    name = "program"
+    exact_answers = True
+
+    def solver_prompt(self, question, doc, style):
+        if style == "compact":
+            return question + "\n"
+        return (f"{question}\nAnswer with one line: O:<output> for O?, I:<input> for I?, P:<program in x> for P?. "
+                "Programs use x, integers, +, -, * and parentheses.")
+
+    def parse_answer(self, completion, style):
+        return program_task.read_tagged(completion)
+
+    def strict_rule(self, style):
+        return "last line tagged O:, I: or P: (the task's tag), checked by evaluating the program"
+
+    def item_lenient_answer(self, item, completion, style):
+        """The strict answer: a program-world answer is checked by running it, there is no looser reading."""
+        return self.item_answer(item, completion, style)
+
+    def lenient_rule(self, style):
+        return "same as strict"
+
+    def is_correct(self, answer, gold):
+        return program_task.check_against_spec(answer, gold)
+
+    def training_problems(self, rng, n, *, levels: Sequence[int] = program_task.LEVELS, **_):
+        """``n`` tasks of the three types in turn, with programs of a number of operations drawn from ``levels``
+        (held-out programs redrawn)."""
+        ops = [lv for lv in levels if 1 <= lv <= program_task.MAX_PROGRAM_OPS] or list(program_task.LEVELS)
+        problems = []
+        for i in range(n):
+            kind = program_task.KINDS[i % 3]
+            level = rng.choice(ops)
+            task = program_task.random_triplet(kind, level, rng, exclude=program_task.held_out_programs())
+            problems.append(Problem(program_task.question_text(kind, task), program_task.check_spec(kind, task),
+                                    level=level))
+        return problems
+
+
 class MathTask(Task):
     name = "math"
 
@@ -204,7 +249,8 @@ def _same_integer(pred: str | None, gold: str) -> bool:
         return False
 
 
-_EVAL_TASKS: dict[str, Task] = {"arith": ArithTask(), "math": MathTask(), "mcq": MCQTask()}
+_EVAL_TASKS: dict[str, Task] = {"arith": ArithTask(), "math": MathTask(), "mcq": MCQTask(),
+                                "program": ProgramTask()}
 
 
 def task_for(item: EvalItem) -> Task:
@@ -215,9 +261,11 @@ def task_for(item: EvalItem) -> Task:
 
 
 def get_task(name: str, data_dir: str | None = None) -> Task:
-    """The task called ``name`` (arith or math)."""
+    """The task called ``name`` (arith, program or math)."""
     if name == "arith":
         return ArithTask()
+    if name == "program":
+        return ProgramTask()
     if name == "math":
         return MathTask(data_dir)
-    raise TaskDataError(f"unknown task {name!r} (known: arith, math)")
+    raise TaskDataError(f"unknown task {name!r} (known: arith, program, math)")
