@@ -50,15 +50,15 @@ class Mutation:
 
 TRAINER, LOSSES, DIST = "coevolve/rl/trainer.py", "coevolve/rl/losses.py", "coevolve/distributed.py"
 STORE, LOOP = "coevolve/store.py", "coevolve/loop.py"
-WIRING = ("tests/test_trainer_wiring.py", "tests/test_rollout_trainer.py")
+WIRING = ("tests/rl/test_trainer_loss.py", "tests/rl/test_trainer.py")
 RESUME = ("tests/test_resume.py",)
 TWO_PROCESSES = ("tests/test_distributed.py::test_two_processes_train_the_same_weights_as_one",)
-SOURCES, TTRL = ("tests/test_source_fidelity.py",), ("tests/test_ttrl.py",)
+SOURCES, TTRL = ("tests/recipes/test_source_fidelity.py",), ("tests/recipes/test_ttrl.py",)
 
 MUTATIONS: tuple[Mutation, ...] = (
     # --- the issue's connecting code (recipes, trainer, store, distribution) ---------------------------------------
     Mutation("grpo_reward_inverted", "coevolve/recipes/grpo.py", "rewards = [float(self.task.is_correct(",
-             "rewards = [float(not self.task.is_correct(", ("tests/test_grpo.py",)),
+             "rewards = [float(not self.task.is_correct(", ("tests/recipes/test_grpo.py",)),
     Mutation("kl_dropped", TRAINER, "beta=st.kl_beta,", "beta=0.0,", WIRING),
     Mutation("tis_dropped", TRAINER, "tis_cap=st.tis_cap,", "tis_cap=None,", WIRING),
     Mutation("clip_bounds_swapped_in_trainer", TRAINER, "clip_low=st.clip_low, clip_high=st.clip_high,",
@@ -66,45 +66,45 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("clip_bounds_swapped_in_loss", LOSSES,
              "torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)",
              "torch.clamp(ratio, 1.0 - clip_high, 1.0 + clip_low)",
-             ("tests/test_losses.py",)),
+             ("tests/rl/test_losses.py",)),
     Mutation("pasodoble_leak_check_unapplied", "coevolve/recipes/pasodoble.py",
              'x.leak = p.leak_filter != "off" and leaks_answer(x.question, x.answer, p.leak_filter)', "x.leak = False",
-             ("tests/test_pasodoble.py",)),
+             ("tests/recipes/test_pasodoble.py",)),
     Mutation("adamw_state_not_restored", STORE, "                optimizer.load_state_dict(saved)",
              "                pass", RESUME),
     Mutation("rzero_answered_denominator_ignored", "coevolve/recipes/r_zero.py",
-             'q.p = q.vote.p if denominator == "all" else', "q.p = q.vote.p if True else", ("tests/test_r_zero.py",)),
+             'q.p = q.vote.p if denominator == "all" else', "q.p = q.vote.p if True else", ("tests/recipes/test_r_zero.py",)),
     Mutation("infuser_influence_sign_flipped", "coevolve/recipes/infuser.py",
              "x.influence, x.grad_norm = s.score, s.grad_norm", "x.influence, x.grad_norm = -s.score, s.grad_norm",
-             ("tests/test_infuser.py",)),
+             ("tests/recipes/test_infuser.py",)),
     Mutation("gradients_averaged_over_ranks", DIST, "        dist.all_reduce(p.grad)\n",
              "        dist.all_reduce(p.grad)\n        p.grad /= world_size()\n", TWO_PROCESSES),
     # --- the issue's pure formulas -------------------------------------------------------------------------------
     Mutation("advantage_std_biased", "coevolve/rl/advantages.py", "dof = count - 1.0 if unbiased else count",
-             "dof = count if unbiased else count - 1.0", ("tests/test_advantages.py",)),
+             "dof = count if unbiased else count - 1.0", ("tests/rl/test_advantages.py",)),
     Mutation("vote_tie_goes_to_last", "coevolve/grading/vote.py", "best = max(range(len(sizes)), key=",
-             "best = max(reversed(range(len(sizes))), key=", ("tests/test_grading.py", "-k", "majority_vote")),
+             "best = max(reversed(range(len(sizes))), key=", ("tests/grading/test_grading.py", "-k", "majority_vote")),
     Mutation("rzero_reward_unclamped", "coevolve/rewards/uncertainty.py",
              "max(0.0, uncertainty_reward(p) - penalty)", "uncertainty_reward(p) - penalty",
-             ("tests/test_rewards_prism.py", "tests/test_r_zero.py")),
+             ("tests/rewards/test_rewards_prism.py", "tests/recipes/test_r_zero.py")),
     Mutation("pool_band_upper_bound_ignored", "coevolve/recipes/r_zero.py", "in_band(q.p, *self.pool_band)",
-             "in_band(q.p, self.pool_band[0], 1.0)", ("tests/test_r_zero.py",)),
+             "in_band(q.p, self.pool_band[0], 1.0)", ("tests/recipes/test_r_zero.py",)),
     Mutation("pasodoble_offset_dropped", "coevolve/rewards/pasodoble.py", "return (offset - p) + w * r_div",
-             "return (1.0 - p) + w * r_div", ("tests/test_pasodoble.py",)),
+             "return (1.0 - p) + w * r_div", ("tests/recipes/test_pasodoble.py",)),
     Mutation("prism_rarity_over_total", "coevolve/rewards/coverage.py", "mean = max(float(counts.mean()), 1e-8)",
-             "mean = max(float(counts.sum()), 1e-8)", ("tests/test_rewards_prism.py", "tests/test_prism.py")),
+             "mean = max(float(counts.sum()), 1e-8)", ("tests/rewards/test_rewards_prism.py", "tests/recipes/test_prism.py")),
     Mutation("opensir_selects_lowest", "coevolve/rewards/novelty.py", "key=lambda i: -scores[i])",
-             "key=lambda i: scores[i])", ("tests/test_rewards_opensir.py", "tests/test_opensir.py")),
+             "key=lambda i: scores[i])", ("tests/rewards/test_rewards_opensir.py", "tests/recipes/test_opensir.py")),
     Mutation("dynamic_rl_overlap_counted_once", "coevolve/rewards/similarity.py",
-             "            totals[k] += s\n", "", ("tests/test_rewards_dynamic_rl.py", "tests/test_dynamic_rl.py")),
+             "            totals[k] += s\n", "", ("tests/rewards/test_rewards_dynamic_rl.py", "tests/recipes/test_dynamic_rl.py")),
     # --- losses --------------------------------------------------------------------------------------------------
     Mutation("k3_direction_reversed", LOSSES, "d = ref_logprobs - logprobs", "d = logprobs - ref_logprobs",
-             ("tests/test_losses.py",)),
+             ("tests/rl/test_losses.py",)),
     Mutation("token_mean_over_micro_batch", LOSSES,
              "denom = float(total_tokens) if total_tokens is not None else", "denom = None if True else",
-             ("tests/test_losses.py",)),
+             ("tests/rl/test_losses.py",)),
     Mutation("tis_weight_uncapped", LOSSES, "weight = torch.clamp(raw_w, max=tis_cap)", "weight = raw_w",
-             ("tests/test_losses.py",)),
+             ("tests/rl/test_losses.py",)),
     # --- trainer -------------------------------------------------------------------------------------------------
     Mutation("epochs_ignored", TRAINER, "for _ in range(st.epochs):", "for _ in range(1):", WIRING),
     Mutation("pi_old_is_current_policy", TRAINER, "old = None if single_step else", "old = None if True else",
@@ -119,25 +119,25 @@ MUTATIONS: tuple[Mutation, ...] = (
              "self._frozen_logprobs(self.model, samples)", WIRING),
     # --- vote ----------------------------------------------------------------------------------------------------
     Mutation("vote_p_over_answered", "coevolve/grading/vote.py", "p=sizes[best] / n,", "p=sizes[best] / n_valid,",
-             ("tests/test_grading.py", "-k", "majority_vote")),
+             ("tests/grading/test_grading.py", "-k", "majority_vote")),
     # --- recipes -------------------------------------------------------------------------------------------------
     Mutation("opensir_parsed_denominator_ignored", "coevolve/recipes/opensir.py",
-             'if self.params.solve_rate_denominator == "group":', "if True:", ("tests/test_opensir.py",)),
+             'if self.params.solve_rate_denominator == "group":', "if True:", ("tests/recipes/test_opensir.py",)),
     Mutation("infuser_dev_gradient_sign_flipped", "coevolve/recipes/infuser.py",
              "halves[i in second].extend(train_samples(group, dr_grpo_advantages(",
-             "halves[i in second].extend(train_samples(group, -dr_grpo_advantages(", ("tests/test_infuser.py",)),
+             "halves[i in second].extend(train_samples(group, -dr_grpo_advantages(", ("tests/recipes/test_infuser.py",)),
     Mutation("rzero_solver_reward_weights_swapped", "coevolve/recipes/r_zero.py",
              '(1 - p.solver_format_weight) * x["agree"] + p.solver_format_weight * x["format"]',
              'p.solver_format_weight * x["agree"] + (1 - p.solver_format_weight) * x["format"]',
-             ("tests/test_r_zero.py",)),
+             ("tests/recipes/test_r_zero.py",)),
     Mutation("influence_not_preconditioned_by_root", "coevolve/rl/influence.py", "direction.sqrt_().add_(eps)",
-             "direction.add_(eps)", ("tests/test_influence.py",)),
+             "direction.add_(eps)", ("tests/rl/test_influence.py",)),
     # --- store and resume ----------------------------------------------------------------------------------------
     Mutation("metrics_of_lost_steps_kept", STORE, 'rows = [r for r in self.metrics() if r.get("step", -1) <= step]',
              "rows = self.metrics()", RESUME),
     Mutation("updates_done_not_restored", LOOP, 't.updates_done = state["updates_done"][role]', "pass", RESUME),
     Mutation("recipe_state_not_restored", LOOP, 'recipe.load_state_dict(state["loop_recipe"])', "pass",
-             ("tests/test_r_zero.py", "-k", "resume")),
+             ("tests/recipes/test_r_zero.py", "-k", "resume")),
     Mutation("checkpoints_pruned_one_late", STORE, "for old in self.checkpoint_steps()[:-keep]:",
              "for old in self.checkpoint_steps()[:-keep - 1]:", RESUME),
     # --- distribution --------------------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- issue 26: the sources' settings; strict and lenient evaluation ------------------------------------------
     Mutation("dual_clip_not_passed", TRAINER, "dual_clip=st.dual_clip,", "dual_clip=None,", SOURCES),
     Mutation("dual_clip_caps_positive_advantages", LOSSES, "dual_active = (adv < 0) & (loss_tok > -dual_clip * adv)",
-             "dual_active = (adv != 0) & (loss_tok > -dual_clip * adv)", ("tests/test_losses.py",)),
+             "dual_active = (adv != 0) & (loss_tok > -dual_clip * adv)", ("tests/rl/test_losses.py",)),
     Mutation("adamw_kept_across_phases", TRAINER, 'if index == 0 and self.settings.optimizer_reset == "phase":',
              "if False:", SOURCES),
     Mutation("cosine_decays_to_zero", TRAINER,
@@ -168,9 +168,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        return self.params.max_updates is not None and self.updates >= self.params.max_updates\n",
              "        return False\n", SOURCES),
     Mutation("lenient_keeps_thousands_commas", "coevolve/grading/extract.py",
-             'value = number.group().replace(",", "")', "value = number.group()", ("tests/test_strict_lenient.py",)),
+             'value = number.group().replace(",", "")', "value = number.group()", ("tests/evaluation/test_strict_lenient.py",)),
     Mutation("lenient_box_loses_to_an_earlier_number", "coevolve/grading/extract.py",
-             "box[1] > number.start()", "box[1] < number.start()", ("tests/test_strict_lenient.py",)),
+             "box[1] > number.start()", "box[1] < number.start()", ("tests/evaluation/test_strict_lenient.py",)),
     # --- issue 27: TTRL --------------------------------------------------------------------------------------------
     Mutation("ttrl_tie_goes_to_first", "coevolve/rewards/majority.py",
              "best = tied[0] if len(tied) == 1 else random.Random(seed).choice(tied)", "best = tied[0]", TTRL),

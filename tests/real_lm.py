@@ -25,9 +25,9 @@ CASES = {
     "opensir": ["params.batch_size=4", "params.group_size=2", "params.teacher_upscale=1",
                 "rollout.max_new_tokens=144", "params.l_base=144", "params.l_cap=144"],
     "dynamic_rl": ["params.n=4", "params.m=4", "params.question_max_tokens=128"],
-    # AZR in the python world: deduction and abduction (induction's checks are tests/test_python_world.py's; with it
-    # the two steps took 5 CPU-minutes), 2 tasks per type and role, 2 learnability rollouts, 96 tokens for a proposal
-    # (64 cut 2 of 6 short in a measured run); seeding stops after one round (tests/test_real_lm_loop.py)
+    # AZR in the python world: deduction and abduction (induction's checks are tests/tasks/test_python_world.py's;
+    # with it the two steps took 5 CPU-minutes), 2 tasks per type and role, 2 learnability rollouts, 96 tokens for a
+    # proposal (64 cut 2 of 6 short in a measured run); seeding stops after one round (tests/test_real_lm_loop.py)
     "azr": ["task=python", "params.task_types=[deduction,abduction]", "rollout.max_new_tokens=64",
             "params.proposer_max_tokens=96", "params.batch_size=2", "params.references=1",
             "params.learnability_samples=2", "params.seed_batch_factor=1", "params.seed_max_rounds=1",

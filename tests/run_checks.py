@@ -1,6 +1,6 @@
-"""Runs of the CLI compared with each other (tests/test_distributed.py, tests/test_resume.py, tests/test_ttrl.py): the
-samples, each role's per-step loss and grad norm, final weights and AdamW state; a run that kills itself mid-step; and a
-run killed with every process it started."""
+"""Runs of the CLI compared with each other (tests/test_distributed.py, tests/test_resume.py,
+tests/recipes/test_ttrl.py): the samples, each role's per-step loss and grad norm, final weights and AdamW state; a
+run that kills itself mid-step; and a run killed with every process it started."""
 
 from __future__ import annotations
 

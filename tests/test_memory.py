@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import random_samples
 
 from coevolve.config import SamplingConfig
 from coevolve.memory import (
@@ -133,12 +134,11 @@ def test_planned_training_passes_give_the_same_update(random_policy, monkeypatch
     import copy
 
     import coevolve.rl.trainer as trainer_module
-    from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
+    from coevolve.rl.trainer import PolicyTrainer, UpdateSettings
 
     gen = torch.Generator().manual_seed(0)
-    samples = [TrainSample(torch.randint(5, 40, (6,), generator=gen).tolist(),
-                           torch.randint(5, 40, (10,), generator=gen).tolist(), [-3.0] * 10, (-1.0) ** i)
-               for i in range(8)]
+    prompts = [torch.randint(5, 40, (6,), generator=gen).tolist() for _ in range(8)]
+    samples = random_samples(prompts, [10] * 8, rollout_logprob=-3.0, advantages=(1.0, -1.0))
     shape = ModelShape.of(random_policy.model.config)
     per_token = training_bytes_per_token(shape, dtype_bytes=4, checkpointing=False)
     monkeypatch.setattr(trainer_module, "free_device_memory", lambda device: int(40 * per_token / HEADROOM) + 1)

@@ -1,6 +1,6 @@
 """Absolute Zero's rewards (arXiv 2505.03335, §3.1): the proposer's learnability and the format-aware composite.
 
-Small pure functions on plain values, tested against hand-computed cases (tests/test_azr_rewards.py).
+Small pure functions on plain values, tested against hand-computed cases (tests/rewards/test_rewards_azr.py).
 """
 
 from __future__ import annotations

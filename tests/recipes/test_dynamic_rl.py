@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+import helpers
 import pytest
 import torch
 from helpers import records
@@ -45,9 +46,9 @@ class CannedEngine:
 
 
 def make_recipe(model_dir, *sets: str) -> DynamicRL:
-    config, params, cls = resolve("dynamic_rl", sets=[f"model={model_dir}", "eval_sets=[]", *sets])
-    assert cls is DynamicRL
-    return cls(config, params)
+    recipe = helpers.make_recipe("dynamic_rl", model_dir, *sets)
+    assert isinstance(recipe, DynamicRL)
+    return recipe
 
 
 def roles_of(recipe: DynamicRL, samples) -> list[str]:

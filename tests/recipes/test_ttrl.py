@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import signal
 
+import helpers
 import pytest
 import torch
 from helpers import records
@@ -99,10 +100,8 @@ def _texts(g, right):
 
 
 def _recipe(model_dir, *extra):
-    config, params, cls = resolve("ttrl", sets=[f"model={model_dir}", "eval_sets=[]", "params.pool_size=3",
-                                                "params.questions_per_step=3", "params.vote_samples=6",
-                                                "params.train_samples=4", *extra])
-    return cls(config, params)
+    return helpers.make_recipe("ttrl", model_dir, "params.pool_size=3", "params.questions_per_step=3",
+                               "params.vote_samples=6", "params.train_samples=4", *extra)
 
 
 def test_the_papers_cosine_schedule_runs_over_the_whole_run(random_model_dir):

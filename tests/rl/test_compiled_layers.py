@@ -9,15 +9,14 @@ from __future__ import annotations
 import copy
 
 import torch
+from helpers import random_samples
 
 from coevolve.rl.compiled_layers import compile_decoder_layers, decoder_layers
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings, sequence_logprobs
 
 
 def _samples(tokenizer, lengths: list[int]) -> list[TrainSample]:
-    gen = torch.Generator().manual_seed(0)
-    return [TrainSample(tokenizer(f"Q:{i}+{i}=?")["input_ids"], torch.randint(5, 40, (n,), generator=gen).tolist(),
-                        [], 1.0) for i, n in enumerate(lengths)]
+    return random_samples([tokenizer(f"Q:{i}+{i}=?")["input_ids"] for i in range(len(lengths))], lengths)
 
 
 def test_compiled_layers_give_the_plain_log_probs_and_gradients_under_checkpointing(random_policy):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 
+import helpers
 import pytest
 from helpers import records
 from typer.testing import CliRunner
 
 from coevolve.cli import app
 from coevolve.formats import Generation
-from coevolve.recipes import resolve
 from coevolve.recipes.pasodoble import Buffered
 from coevolve.rewards.pasodoble import JaccardHistory, history_diversity, jaccard, leaks_answer, proposer_reward
 
@@ -48,10 +48,9 @@ def test_leak_check():
 
 
 def make_recipe(model_dir, *sets):
-    config, params, cls = resolve("pasodoble", preset="small", sets=[
-        f"model={model_dir}", "eval_sets=[]", "params.passages_per_step=2", "params.proposals=3",
-        "params.solutions=4", "rollout.max_new_tokens=8", "params.proposer_max_tokens=8", "train.lr=1e-2", *sets])
-    return cls(config, params)
+    return helpers.make_recipe("pasodoble", model_dir, "params.passages_per_step=2", "params.proposals=3",
+                               "params.solutions=4", "rollout.max_new_tokens=8", "params.proposer_max_tokens=8",
+                               "train.lr=1e-2", *sets, preset="small")
 
 
 def posing(question: str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -12,7 +13,6 @@ from helpers import records
 from coevolve.formats import Generation
 from coevolve.loop import run
 from coevolve.pool import ProblemPool
-from coevolve.recipes import resolve
 from coevolve.recipes.opensir import STUDENT_WORLDS, Candidate, OpenSIR  # importing the module registers it
 from coevolve.rewards.novelty import expression_concepts
 from coevolve.rollout import Completion
@@ -28,12 +28,10 @@ def fake_embed(texts):
 
 
 def make_recipe(model_dir, *sets):
-    config, params, cls = resolve("opensir", sets=[
-        f"model={model_dir}", "eval_sets=[]", "params.batch_size=16", "params.group_size=4",
-        "rollout.max_new_tokens=12", "train.lr=1e-2", *sets])
-    recipe = cls(config, params)
+    recipe = helpers.make_recipe("opensir", model_dir, "params.batch_size=16", "params.group_size=4",
+                                 "rollout.max_new_tokens=12", "train.lr=1e-2", *sets)
     recipe.embed_texts = fake_embed
-    return recipe, config
+    return recipe, recipe.config
 
 
 def always_valid(output: Completion, rules: str = "paper") -> Generation:

@@ -16,7 +16,7 @@ from coevolve.execution import STATUSES, ExecutionLimits, Executor, Job, Sandbox
 from coevolve.execution.executor import ANSWER_GRACE_SECONDS
 from coevolve.execution.worker import descendants
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BWRAP_INSTALL = "apt-get update && apt-get install -y bubblewrap"
 SECRET_NAME, SECRET = "COEVOLVE_TEST_SECRET", "s3cret-value-the-sandbox-must-not-see"
 LIMITS = ExecutionLimits(cpu_seconds=1, wall_seconds=5, memory_mb=512, processes=8, file_mb=4, open_files=32,

@@ -24,7 +24,7 @@ RANKS = Path(__file__).with_name("vllm_ranks.py")
 
 
 def run_ranks(model_dir: Path, tensor_parallel: int, out: Path) -> dict:
-    """tests/vllm_ranks.py on 2 processes; its results."""
+    """tests/rollout/vllm_ranks.py on 2 processes; its results."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(RANKS),
                str(model_dir), str(out), str(tensor_parallel)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import random_samples
 
 from coevolve.rl import logprob_head
 from coevolve.rl import trainer as trainer_module
@@ -33,8 +34,7 @@ def _samples(vocab: int) -> list[TrainSample]:
     """Three prompts, six completions of different lengths: some share a prompt."""
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (5, 9, 3)]
-    return [TrainSample(prompts[k % 3], torch.randint(3, vocab, (n,), generator=gen).tolist(), [], 1.0)
-            for k, n in enumerate((5, 1, 9, 3, 7, 2))]
+    return random_samples(prompts, (5, 1, 9, 3, 7, 2), tokens=(3, vocab), seed=2)
 
 
 def _logprobs_and_grads(model, samples, monkeypatch, *, chunk_logits: int, packed: bool,

@@ -5,20 +5,16 @@ from __future__ import annotations
 import json
 
 import torch
-from helpers import records
+from helpers import random_samples, records
 from safetensors.torch import load_file
 
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings
 
 
 def samples_for(policy, n: int = 8) -> list[TrainSample]:
-    gen = torch.Generator().manual_seed(0)
-    out = []
-    for i in range(n):
-        prompt = policy.tokenizer(f"Q:{i}+{i}=?\n")["input_ids"]
-        completion = torch.randint(5, 60, (6 + i % 3,), generator=gen).tolist()
-        out.append(TrainSample(prompt, completion, [-3.0] * len(completion), advantage=(-1.0) ** i))
-    return out
+    prompts = [policy.tokenizer(f"Q:{i}+{i}=?\n")["input_ids"] for i in range(n)]
+    return random_samples(prompts, [6 + i % 3 for i in range(n)], tokens=(5, 60), rollout_logprob=-3.0,
+                          advantages=(1.0, -1.0))
 
 
 def gradient_after_one_update(policy, **settings) -> tuple[dict[str, float], torch.Tensor]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -34,11 +35,9 @@ def fake_embed(texts):
 
 
 def make(model_dir, space_dir, *sets):
-    config, params, cls = resolve("prism", sets=[f"model={model_dir}", *TINY, f"params.cluster_space={space_dir}",
-                                                 *sets])
-    recipe = cls(config, params)
+    recipe = helpers.make_recipe("prism", model_dir, *TINY, f"params.cluster_space={space_dir}", *sets)
     recipe.embed_texts = fake_embed
-    return recipe, config
+    return recipe, recipe.config
 
 
 def test_rewards_and_counts_by_hand(random_model_dir, space_dir):

@@ -1,4 +1,4 @@
-"""vLLM engines in the ranks of a torchrun job, driven as a recipe drives them (tests/test_vllm_processes.py).
+"""vLLM engines in the ranks of a torchrun job, driven as a recipe drives them (tests/rollout/test_vllm_processes.py).
 
 ``torchrun --nproc-per-node 2 vllm_ranks.py MODEL_DIR OUT_JSON TENSOR_PARALLEL``: one policy trained data-parallel
 (DDP), one with LoRA adapters, one sharded with FSDP2, each with its vLLM engine built by ``make_engine`` as a recipe

@@ -13,7 +13,7 @@ from helpers import records
 
 from coevolve.recipes import RECIPES, resolve
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "adding-a-recipe.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "adding-a-recipe.md"
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ forward pass over prompt + completion gives."""
 from __future__ import annotations
 
 import torch
+from helpers import random_samples
 
 from coevolve.rl import trainer as trainer_module
 from coevolve.rl.trainer import TrainSample, sequence_logprobs
@@ -62,9 +63,7 @@ def test_rows_finishing_at_different_steps_keep_exact_logprobs(random_policy):
 
 def _samples(policy, lengths=(5, 1, 9, 3, 0, 7, 2)) -> list[TrainSample]:
     """Random completions for the prompts in turn, so some samples share a prompt; one completion is empty."""
-    gen = torch.Generator().manual_seed(0)
-    return [TrainSample(policy.tokenizer(PROMPTS[k % len(PROMPTS)])["input_ids"],
-                        torch.randint(3, 100, (n,), generator=gen).tolist(), [], 1.0) for k, n in enumerate(lengths)]
+    return random_samples([policy.tokenizer(p)["input_ids"] for p in PROMPTS], lengths, tokens=(3, 100))
 
 
 def test_trainer_logprobs_equal_a_plain_forward_pass(random_policy, monkeypatch):

@@ -1,7 +1,7 @@
 """Issue 26: dual clip, a fresh AdamW and the lr schedule per phase, Prism's pool denominator, PasoDoble's skip rule
 and its stop at ``max_updates``. Issue 35: a pool band of its own, the codes' votes for unboxed samples, Prism's lr
 schedules, the KL reference per phase, evaluation protocols in training (the preset values themselves:
-tests/test_presets.py; Prism's count reset: tests/test_prism.py)."""
+tests/recipes/test_presets.py; Prism's count reset: tests/recipes/test_prism.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import statistics
 
 import pytest
 import torch
+from test_r_zero import completion, make, stub_labels, stub_questions
 
 from coevolve.formats import Generation
 from coevolve.grading.vote import majority_vote
@@ -20,7 +21,6 @@ from coevolve.recipes import resolve
 from coevolve.recipes.r_zero import Question
 from coevolve.rl import trainer as trainer_module
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings, phase_lr_factor, update_settings
-from tests.test_r_zero import completion, make, stub_labels, stub_questions
 
 
 def test_cosine_phase_schedule_decays_towards_ten_percent():

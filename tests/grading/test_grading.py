@@ -31,7 +31,7 @@ from coevolve.grading import (
     shutdown_worker,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 HOSTILE_TIMEOUT_S = 1.0
 MARGIN_S = 1.0  # killing the worker and returning, on a loaded 2-core machine
 _FRESH = itertools.count()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import helpers
 import pytest
 import torch
 from helpers import records
@@ -23,8 +24,8 @@ TINY = ["eval_sets=[]", "rollout.max_new_tokens=8", "params.questioner_steps=2",
 
 
 def make(recipe_name, model_dir, *sets):
-    config, params, cls = resolve(recipe_name, sets=[f"model={model_dir}", *TINY, *sets])
-    return cls(config, params), config
+    recipe = helpers.make_recipe(recipe_name, model_dir, *TINY, *sets)
+    return recipe, recipe.config
 
 
 def completion(text: str = "") -> Completion:
@@ -260,7 +261,7 @@ def test_resume_reproduces_a_straight_run(tmp_path, random_model_dir):
 
 
 def test_presets_resolve():
-    for preset in ("small", "paper", "reference_code", "prism_code"):  # values: tests/test_presets.py
+    for preset in ("small", "paper", "reference_code", "prism_code"):  # values: tests/recipes/test_presets.py
         config, params, _ = resolve("r_zero", preset=preset)
         assert config.steps % (params.questioner_steps + params.solver_steps) == 0  # whole iterations
 

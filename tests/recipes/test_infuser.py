@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import helpers
 import numpy as np
 import pytest
 from helpers import records
@@ -28,11 +29,10 @@ def test_parse_generator_json():
 
 
 def make_recipe(model_dir, *sets):
-    config, params, cls = resolve("infuser", preset="small", sets=[
-        f"model={model_dir}", "eval_sets=[]", "params.documents_per_step=3", "params.group_size=4",
-        "params.dev_size=4", "rollout.max_new_tokens=6", "params.generator_max_tokens=6", "train.lr=1e-2",
-        "roles.generator.lr=1e-2", "params.rho_inv=-0.5", *sets])
-    recipe = cls(config, params)
+    recipe = helpers.make_recipe(
+        "infuser", model_dir, "params.documents_per_step=3", "params.group_size=4", "params.dev_size=4",
+        "rollout.max_new_tokens=6", "params.generator_max_tokens=6", "train.lr=1e-2", "roles.generator.lr=1e-2",
+        "params.rho_inv=-0.5", *sets, preset="small")
     # The random model writes neither questions nor answers: read about two outputs in three as the question "a+b"
     # with key "1", and a solver answer as the parity of its characters' code sum, so groups have variance. (The
     # outputs run to the token budget, so their lengths barely vary: a length rule would read them all alike.)
