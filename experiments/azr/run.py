@@ -1,12 +1,12 @@
-"""Absolute Zero in the tiny program world: held-out accuracy on the three task types against the untrained model
-and against GRPO with ground-truth tasks of the same world and model, with AZR's per-type telemetry.
+"""Absolute Zero in the tiny program world: held-out accuracy on the three task types against the untrained model and
+against GRPO with ground-truth tasks of the same world and model, with AZR's per-type telemetry.
 
     python -m experiments.azr.run --arms grpo_program azr [--seeds 0 1 2] [--jobs 2] [--report-only]
     python -m experiments.azr.run --arms grpo_program_300 azr_300 --seeds 0      # the longer horizon, one seed
 
-results.md holds the 100-step arms, 3 seeds (azr seed 2 stopped at step 75 and was resumed from that checkpoint with
-the same code after main's contract was merged; the resumed steps' losses match a fresh run's, as tests/recipes/test_azr.py's
-kill-and-resume test checks). The 300-step arms are defined but not run yet.
+results.md holds the 100-step arms, 3 seeds (azr seed 2 stopped at step 75 and was resumed from that checkpoint with the
+same code after main's contract was merged; the resumed steps' losses match a fresh run's, as
+tests/recipes/test_azr.py's kill-and-resume test checks). The 300-step arms are defined but not run yet.
 """
 
 import statistics
