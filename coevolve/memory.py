@@ -37,12 +37,11 @@ class ModelShape:
 
     @classmethod
     def of(cls, config) -> ModelShape:
-        """The shape of a transformers config (Llama, Qwen2/3, Mistral, GPT-2-like names alike)."""
-        hidden = getattr(config, "hidden_size", None) or config.n_embd
-        heads = getattr(config, "num_attention_heads", None) or config.n_head
-        layers = getattr(config, "num_hidden_layers", None) or config.n_layer
-        return cls(layers=layers, hidden=hidden, intermediate=getattr(config, "intermediate_size", None) or 4 * hidden,
-                   heads=heads, kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        """The shape of a transformers config (its standard attribute names; configs with other names map them)."""
+        hidden, heads = config.hidden_size, config.num_attention_heads
+        return cls(layers=config.num_hidden_layers, hidden=hidden,
+                   intermediate=getattr(config, "intermediate_size", None) or 4 * hidden, heads=heads,
+                   kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                    head_dim=getattr(config, "head_dim", None) or hidden // heads, vocab=config.vocab_size)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:

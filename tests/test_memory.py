@@ -113,10 +113,10 @@ def test_a_planned_batch_samples_as_that_fixed_batch_and_halves_on_out_of_memory
 
     plain_batch = HFRolloutEngine._generate_batch
 
-    def short_of_memory(self, model, prompts, params, generator):
+    def short_of_memory(self, model, prompts, prompt_ids, params, generator):
         if len(prompts) > 4:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return plain_batch(self, model, prompts, params, generator)
+        return plain_batch(self, model, prompts, prompt_ids, params, generator)
 
     monkeypatch.setattr(HFRolloutEngine, "_generate_batch", short_of_memory)
     retried = HFRolloutEngine(model, tokenizer, batch_size=None).generate(PROMPTS, PARAMS, seed=5)

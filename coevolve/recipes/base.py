@@ -201,7 +201,7 @@ class Recipe:
         bf16 = self._bf16(train.dtype)
         settings = update_settings(
             train, self.role_settings(role), micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda),
-            fit_memory=on_cuda and train.micro_batch_tokens is None,
+            fit_memory=train.micro_batch_tokens is None,
             tis_cap=self.tis_cap(self.config, self.params, bf16_sampler=self._bf16(self.config.rollout.dtype)),
             norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature, dtype="bf16" if bf16 else "fp32",

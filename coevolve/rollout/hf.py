@@ -123,15 +123,16 @@ class HFRolloutEngine:
         model = self.copy.current() if self.copy is not None and static else self.model
         device = next(model.parameters()).device
         generator = torch.Generator(device=device)
-        rows = self.batch_size or self._plan_rows(model, prompts, params, static)
+        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
+        rows = self.batch_size or self._plan_rows(model, prompt_ids, params, static)
         completions: list[Completion] = []
         while len(completions) < len(prompts):
             start = len(completions)
             generator.manual_seed(seed + start * PROMPT_SEED_STRIDE)
-            batch = prompts[start:start + rows]
+            batch, batch_ids = prompts[start:start + rows], prompt_ids[start:start + rows]
             try:
-                completions += (self._generate_static(model, batch, params, generator, rows) if static
-                                else self._generate_batch(model, batch, params, generator))
+                completions += (self._generate_static(model, batch, batch_ids, params, generator, rows) if static
+                                else self._generate_batch(model, batch, batch_ids, params, generator))
             except torch.OutOfMemoryError:
                 if self.batch_size is not None or rows == 1:
                     raise
@@ -146,7 +147,7 @@ class HFRolloutEngine:
                 self.decoder = None
         return completions
 
-    def _plan_rows(self, model, prompts: Sequence[str], params: SamplingParams, static: bool) -> int:
+    def _plan_rows(self, model, prompt_ids: list[list[int]], params: SamplingParams, static: bool) -> int:
         """The batch size of this call: as many prompts as one batch's decoding memory fits in the free device memory
         (counting the buffers a new shape would replace); ``CPU_BATCH_SIZE`` off CUDA."""
         device = next(model.parameters()).device
@@ -155,10 +156,10 @@ class HFRolloutEngine:
             return CPU_BATCH_SIZE
         if self.decoder is not None:
             free += self.decoder.nbytes
-        longest = max(len(encode_prompt(self.tokenizer, p)) for p in prompts)
+        longest = max(len(ids) for ids in prompt_ids)
         slots = -(-(longest + params.max_new_tokens) // SLOT_ROUNDING) * SLOT_ROUNDING
         dtype_bytes = next(model.parameters()).element_size()
-        rows = plan_sampling_rows(free, ModelShape.of(model.config), len(prompts), longest, params.max_new_tokens,
+        rows = plan_sampling_rows(free, ModelShape.of(model.config), len(prompt_ids), longest, params.max_new_tokens,
                                   slots, dtype_bytes=dtype_bytes, truncated=params.top_k > 0 or params.top_p < 1.0,
                                   buckets=BUCKETS if static else ())
         self.planned.append(rows)
@@ -171,9 +172,8 @@ class HFRolloutEngine:
             self.copy.release()
 
     @torch.no_grad()
-    def _generate_static(self, model, prompts: Sequence[str], params: SamplingParams, generator: torch.Generator,
-                         rows: int) -> list[Completion]:
-        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
+    def _generate_static(self, model, prompts: Sequence[str], prompt_ids: list[list[int]], params: SamplingParams,
+                         generator: torch.Generator, rows: int) -> list[Completion]:
         longest = max(len(ids) for ids in prompt_ids) + params.max_new_tokens
         shape = Shape(rows=max(rows, len(prompts)), new_tokens=params.max_new_tokens,
                       slots=-(-longest // SLOT_ROUNDING) * SLOT_ROUNDING)
@@ -198,12 +198,11 @@ class HFRolloutEngine:
         return next((i for i in range(first, len(tokens)) if holds_stop(self.tokenizer, tokens[:i + 1], stop)), None)
 
     @torch.no_grad()
-    def _generate_batch(self, model, prompts: Sequence[str], params: SamplingParams,
+    def _generate_batch(self, model, prompts: Sequence[str], prompt_ids: list[list[int]], params: SamplingParams,
                         generator: torch.Generator) -> list[Completion]:
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
-        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         batch, new = len(prompts), params.max_new_tokens
         logits, cache, kv_mask, positions = self._prefill(model, prompt_ids, new, device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
