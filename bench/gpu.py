@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import string
 import tempfile
 import time
@@ -349,8 +350,8 @@ def stand_in_reading(recipe) -> None:
         recipe.read_generation = read_generation
 
 
-def bench_paper_preset(name: str, folder: Path, device: torch.device, sets: list[str], scale: dict[str, float],
-                       smoke: bool) -> dict[str, Any]:
+def bench_paper_preset(name: str, folder: Path, device: torch.device, sets: list[str],
+                       scale: dict[str, float]) -> dict[str, Any]:
     """One complete step of ``name``'s ``paper`` preset (a step of each phase for a phased recipe) on the model in
     ``folder``: seconds per phase, tokens sampled, peak GPU memory, the planned sampling batches and passes."""
     from coevolve.recipes import resolve
@@ -391,23 +392,24 @@ def bench_paper_preset(name: str, folder: Path, device: torch.device, sets: list
     return result
 
 
-def paper_preset_fitted(name: str, folder: Path, device: torch.device, sets: list[str], scale: dict[str, float],
-                        smoke: bool) -> dict[str, Any]:
+def paper_preset_fitted(name: str, folder: Path, device: torch.device, sets: list[str],
+                        scale: dict[str, float]) -> dict[str, Any]:
     """:func:`bench_paper_preset` with the preset as it is; after an out-of-memory error, again with
     ``train.offload_idle_role`` (the other role waits in host memory), recording both."""
     try:
-        return bench_paper_preset(name, folder, device, sets, scale, smoke)
+        return bench_paper_preset(name, folder, device, sets, scale)
     except torch.OutOfMemoryError as exc:
         first = f"OutOfMemoryError: {str(exc).splitlines()[0]}"
     gc.collect()
     torch.cuda.empty_cache()
-    result = bench_paper_preset(name, folder, device, [*sets, "train.offload_idle_role=true"], scale, smoke)
+    result = bench_paper_preset(name, folder, device, [*sets, "train.offload_idle_role=true"], scale)
     return {**result, "without_offload": first}
 
 
 def paper_preset_plan(args, device: torch.device) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
     from coevolve.recipes import RECIPES
 
+    os.environ["COEVOLVE_CACHE"] = str(args.scratch / "cache")  # the stand-ins' cluster space is not the user's
     shape = "smoke" if args.smoke else "1.5b"
     folder = build_model_folder(shape, args.scratch / shape)
     encoder = build_encoder_folder(args.scratch / "encoder")
@@ -429,7 +431,7 @@ def paper_preset_plan(args, device: torch.device) -> list[tuple[str, Callable[[]
         sets = [*(f"{k}={v}" for k, v in cut.items()), *data_free.get(name, []), *args.set]
         if args.smoke:  # every budget at 16 tokens and every count at its smallest (the figures mean nothing)
             sets += [s for s in smoke_budgets if s.startswith("rollout.") or s.split("=")[0][7:] in known]
-        plan.append((f"paper/{name}", partial(paper_preset_fitted, name, folder, device, sets, scale, args.smoke)))
+        plan.append((f"paper/{name}", partial(paper_preset_fitted, name, folder, device, sets, scale)))
     return plan
 
 
