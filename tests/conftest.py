@@ -77,12 +77,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-# The files that take minutes (two-step loops on a 135M chat model, vLLM on 2 processes), longest first: each xdist
-# worker starts on one while the other files fill in around them (pyproject's --no-loadscope-reorder keeps this order;
-# xdist's default reorders files by their number of tests, which sent the 2- and 4-test real-LM files last and left one
-# worker idle at the end). A worker whose file has 2 tests or fewer left takes the next file, so the third file here
-# queues behind the first (2 tests) on its worker instead of starting last.
-LONG_FILES = ("test_real_lm_warmup_loop.py", "test_real_lm_loop.py", "test_vllm_processes.py")
+# The files that take minutes (vLLM and DDP/FSDP on 2 processes, R-Zero's loop on a 135M chat model), longest
+# first: each xdist worker starts on one while the other files fill in around them, so the two finish together
+# (pyproject's --no-loadscope-reorder keeps this order; xdist's default reorders files by their number of tests, which
+# sent the long files with few tests last and left one worker idle at the end).
+LONG_FILES = ("test_vllm_processes.py", "test_distributed.py", "test_real_lm_loop.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,4 +1,4 @@
-"""The self-evolving loop on a real chat model (smollm2-135m, small sizes, one to four minutes each on 2 cores),
+"""The self-evolving loop on a real chat model (smollm2-135m, small sizes, 1.5 to 4 minutes each on 2 cores),
 where the solver's label is a majority vote (R-Zero, Prism, OpenSIR, Dynamic RL): with the generator's and the
 solver's answer format constrained, every solver receives an update within two steps. Prism, R-Zero's loop with a
 cluster-coverage questioner reward, runs R-Zero's sizes in a small cluster space. AZR, whose tasks and answers are
@@ -26,6 +26,8 @@ def test_solver_is_updated_within_two_steps_with_format_help(recipe, smollm2_dir
     assert solver_updates(recipe, rows), f"{recipe}: no solver update with a non-zero advantage in 2 steps: {rows}"
 
 
+# About 3.5 minutes on one of 2 cores: -m heavy runs it (AZR on the tiny-program model: tests/recipes/test_azr.py).
+@pytest.mark.heavy
 @pytest.mark.skipif(sandbox_problem() is not None,
                     reason=f"no sandbox to run model-written programs: {sandbox_problem()}")
 def test_azr_proposes_a_valid_program_and_updates_its_solver_within_two_steps(smollm2_dir, tmp_path):
