@@ -14,17 +14,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from coevolve import distributed
-from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, ConfigError, RoleSettings, RunConfig
-from coevolve.models import Policy, load_policy
+from coevolve.config import DEFAULT_TIS_CAP, ConfigError, RoleSettings, RunConfig
+from coevolve.models import Policy
 from coevolve.records import SampleRow
-from coevolve.rl import logprob_head
-from coevolve.rl.residency import Residency
-from coevolve.rl.trainer import PolicyTrainer, TrainSample, update_settings
-from coevolve.rollout import Completion, RolloutEngine, SamplingParams, make_engine, weights_version
+from coevolve.rl.trainer import PolicyTrainer, TrainSample
+from coevolve.roles import RoleRuntime
+from coevolve.rollout import Completion, RolloutEngine, SamplingParams
 from coevolve.tasks.registry import Task, get_task
 
 RECIPES: dict[str, type[Recipe]] = {}
@@ -94,9 +91,7 @@ class Recipe:
         self.solver_sampling = self.sampling
         self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
         self._role_policies: dict[str, Policy] = {}  # by role, as make_trainer recorded them
-        self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
-        self._residency = (Residency(distributed.device_for(config.device)) if config.train.offload_idle_role
-                           else None)
+        self._runtime = RoleRuntime(config)  # devices, ranks and samplers
 
     # --- what the loop needs ----------------------------------------------------------------------
     def trainers(self) -> dict[str, PolicyTrainer]:
@@ -187,8 +182,8 @@ class Recipe:
 
     # --- shared mechanics -------------------------------------------------------------------------
     def load_policy(self, name: str | None = None) -> Policy:
-        return load_policy(name or self.config.model, trust_remote_code=self.config.trust_remote_code,
-                           device=str(distributed.device_for(self.config.device)))
+        """The model ``name`` (default: the run's ``model``) where the run trains."""
+        return self._runtime.load_policy(name or self.config.model)
 
     def make_trainer(self, policy: Policy, role: str) -> PolicyTrainer:
         """A trainer for ``policy`` in ``role`` (one of ``roles``), with the run's ``train`` settings and the role's
@@ -196,18 +191,10 @@ class Recipe:
         return."""
         if role not in self.roles or role in self._role_policies:
             raise ValueError(f"{self.name}: role {role!r} is not one of {self.roles} or has a trainer already")
-        train = self.config.train
-        on_cuda = distributed.device_for(self.config.device).type == "cuda"
-        bf16 = self._bf16(train.dtype)
-        settings = update_settings(
-            train, self.role_settings(role), micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda),
-            fit_memory=train.micro_batch_tokens is None,
-            tis_cap=self.tis_cap(self.config, self.params, bf16_sampler=self._bf16(self.config.rollout.dtype)),
-            norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
-            temperature=self.config.rollout.temperature, dtype="bf16" if bf16 else "fp32",
-            gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing)
+        tis_cap = self.tis_cap(self.config, self.params, bf16_sampler=self._runtime.bf16(self.config.rollout.dtype))
+        settings = self._runtime.update_settings(policy, self.role_settings(role), tis_cap)
         try:
-            trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
+            trainer = self._runtime.make_trainer(policy, settings)
         except ValueError as exc:  # peft: a target module the model does not have
             if not settings.lora:
                 raise
@@ -215,8 +202,6 @@ class Recipe:
         policy.model = trainer.model  # LoRA wraps the model; sampling uses the wrapped one
         self._trainers[id(policy)] = trainer
         self._role_policies[role] = policy
-        if self._residency is not None:
-            self._residency.register(trainer)
         return trainer
 
     @classmethod
@@ -239,47 +224,14 @@ class Recipe:
         """``role``'s own update settings over the run's ``train`` (``roles.<role>``), or None."""
         return self.config.roles.get(role)
 
-    def _micro_batch_tokens(self, policy: Policy, on_cuda: bool) -> int | None:
-        """``train.micro_batch_tokens``; unset, ``GPU_MICRO_BATCH_TOKENS`` on a GPU for a model whose log-prob head
-        runs in chunks (whole logits of that many tokens would not fit; lowered at each update to what the free
-        memory holds), else passes of ``micro_batch_size``."""
-        if self.config.train.micro_batch_tokens is not None or not on_cuda:
-            return self.config.train.micro_batch_tokens
-        return GPU_MICRO_BATCH_TOKENS if logprob_head.cut_at_head(policy.model) is not None else None
-
-    def _bf16(self, setting: str) -> bool:
-        """Whether a ``train.dtype`` / ``rollout.dtype`` setting means bf16 on this run's device."""
-        on_cuda = distributed.device_for(self.config.device).type == "cuda"
-        return setting == "bf16" or (setting == "auto" and on_cuda and torch.cuda.is_bf16_supported())
-
     def engine(self, policy: Policy) -> RolloutEngine:
-        """The sampler of ``policy`` (``rollout.engine``), one per policy for the whole run.
-
-        An engine with its own weights (vLLM) reloads them before sampling whenever ``policy``'s trainer has
-        updated or its parameters were written (``load_state_dict``) since the last load.
-        """
-        key = id(policy)
-        if key not in self._engines:
-            trainer = self._trainers.get(key)
-            version = None if trainer is None else (lambda: (trainer.updates_done, weights_version(policy.model)))
-            resident = self._residency is not None and trainer is not None  # roles take turns on the GPU
-            engine = make_engine(policy, self.config.rollout, version=version, seed=self.config.seed,
-                                 bf16=self._bf16(self.config.rollout.dtype),
-                                 make_resident=trainer.make_resident if resident else None,
-                                 data_parallel=distributed.world_size() > 1,
-                                 sharded=trainer.model if trainer is not None and trainer.settings.fsdp else None)
-            if resident:
-                self._residency.attach_sampler(trainer, engine)
-            self._engines[key] = engine
-        return self._engines[key]
+        """The sampler of ``policy`` (``rollout.engine``), one per policy for the whole run, following its trainer's
+        updates."""
+        return self._runtime.engine(policy, self._trainers.get(id(policy)))
 
     def engine_metrics(self) -> dict[str, float]:
-        """What the samplers cost since the last call, summed over engines (``time/weight_sync_s``)."""
-        totals: dict[str, float] = {}
-        for engine in self._engines.values():
-            for key, value in engine.pop_metrics().items():
-                totals[key] = totals.get(key, 0.0) + value
-        return totals
+        """What the samplers cost since the last call (``time/weight_sync_s``)."""
+        return self._runtime.engine_metrics()
 
     def sample_groups(self, policy: Policy, prompts: Sequence[str], group_size: int, seed: int,
                       params: SamplingParams | None = None) -> list[list[Completion]]:

@@ -110,11 +110,10 @@ def test_gpu_passes_default_to_a_token_budget_only_where_the_head_runs_in_chunks
 
     from coevolve.config import GPU_MICRO_BATCH_TOKENS
     from coevolve.recipes import resolve
-    from coevolve.recipes.base import Recipe
+    from coevolve.roles import RoleRuntime
 
     def budget(sets: list[str], model, on_cuda: bool) -> int | None:
-        recipe = SimpleNamespace(config=resolve("grpo", sets=sets)[0])
-        return Recipe._micro_batch_tokens(recipe, SimpleNamespace(model=model), on_cuda)
+        return RoleRuntime(resolve("grpo", sets=sets)[0])._micro_batch_tokens(SimpleNamespace(model=model), on_cuda)
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64))
     assert budget([], random_policy.model, on_cuda=True) == GPU_MICRO_BATCH_TOKENS

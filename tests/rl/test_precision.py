@@ -69,7 +69,7 @@ def test_offloading_the_idle_role_moves_it_and_changes_no_result(random_model_di
 
     plain = make_recipe(random_model_dir).step(1)
     recipe = make_recipe(random_model_dir, "train.offload_idle_role=true")
-    residency = recipe._residency
+    residency = recipe._runtime.residency
     assert {id(t) for t in residency.trainers} == {id(t) for t in recipe.trainers().values()}
     ran = []
 

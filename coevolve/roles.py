@@ -1,0 +1,93 @@
+"""Where a run's roles live: each role's model on the run's device, its trainer with what the device decides (bf16,
+passes fitted to the free memory, activation checkpointing on a GPU), and one sampler per policy (``rollout.engine``,
+each rank sampling its share, whole weights gathered from FSDP shards, roles taking turns on the GPU with
+``train.offload_idle_role``). The recipes' base asks this module, so no recipe learns about ranks, devices or which
+sampler it has.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from coevolve import distributed
+from coevolve.config import GPU_MICRO_BATCH_TOKENS, RoleSettings, RunConfig
+from coevolve.models import Policy, load_policy
+from coevolve.rl import logprob_head
+from coevolve.rl.residency import Residency
+from coevolve.rl.trainer import PolicyTrainer, UpdateSettings, update_settings
+from coevolve.rollout import RolloutEngine, make_engine, weights_version
+
+
+class RoleRuntime:
+    """The device side of a run's roles: their models, trainers' settings and samplers."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.device = distributed.device_for(config.device)
+        self.residency = Residency(self.device) if config.train.offload_idle_role else None  # which role is on the GPU
+        self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
+
+    def load_policy(self, name: str) -> Policy:
+        """The model ``name`` (built-in name, folder or hub id) on the run's device."""
+        return load_policy(name, trust_remote_code=self.config.trust_remote_code, device=str(self.device))
+
+    def bf16(self, setting: str) -> bool:
+        """Whether a ``train.dtype`` / ``rollout.dtype`` setting means bf16 on this run's device."""
+        on_cuda = self.device.type == "cuda"
+        return setting == "bf16" or (setting == "auto" and on_cuda and torch.cuda.is_bf16_supported())
+
+    def update_settings(self, policy: Policy, role: RoleSettings | None, tis_cap: float | None) -> UpdateSettings:
+        """A role's update settings: the run's ``train`` section, the role's own over it, and what the device
+        decides."""
+        train = self.config.train
+        on_cuda = self.device.type == "cuda"
+        return update_settings(
+            train, role, micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda),
+            fit_memory=train.micro_batch_tokens is None, tis_cap=tis_cap,
+            norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
+            temperature=self.config.rollout.temperature, dtype="bf16" if self.bf16(train.dtype) else "fp32",
+            gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing)
+
+    def make_trainer(self, policy: Policy, settings: UpdateSettings) -> PolicyTrainer:
+        """A trainer of ``policy`` (it takes turns on the GPU with the other roles' under ``offload_idle_role``)."""
+        trainer = PolicyTrainer(policy.model, policy.tokenizer, settings, seed=self.config.seed)
+        if self.residency is not None:
+            self.residency.register(trainer)
+        return trainer
+
+    def engine(self, policy: Policy, trainer: PolicyTrainer | None) -> RolloutEngine:
+        """The sampler of ``policy`` (``rollout.engine``), one per policy for the whole run; ``trainer``: the one that
+        updates it, if any.
+
+        An engine with its own weights (vLLM) reloads them before sampling whenever the trainer has updated or the
+        policy's parameters were written (``load_state_dict``) since the last load.
+        """
+        key = id(policy)
+        if key not in self._engines:
+            version = None if trainer is None else (lambda: (trainer.updates_done, weights_version(policy.model)))
+            turns = self.residency if trainer is not None else None  # roles take turns on the GPU
+            make_resident = trainer.make_resident if trainer is not None and turns is not None else None
+            engine = make_engine(policy, self.config.rollout, version=version, seed=self.config.seed,
+                                 bf16=self.bf16(self.config.rollout.dtype), make_resident=make_resident,
+                                 data_parallel=distributed.world_size() > 1,
+                                 sharded=trainer.model if trainer is not None and trainer.settings.fsdp else None)
+            if turns is not None and trainer is not None:
+                turns.attach_sampler(trainer, engine)
+            self._engines[key] = engine
+        return self._engines[key]
+
+    def engine_metrics(self) -> dict[str, float]:
+        """What the samplers cost since the last call, summed over engines (``time/weight_sync_s``)."""
+        totals: dict[str, float] = {}
+        for engine in self._engines.values():
+            for key, value in engine.pop_metrics().items():
+                totals[key] = totals.get(key, 0.0) + value
+        return totals
+
+    def _micro_batch_tokens(self, policy: Policy, on_cuda: bool) -> int | None:
+        """``train.micro_batch_tokens``; unset, ``GPU_MICRO_BATCH_TOKENS`` on a GPU for a model whose log-prob head
+        runs in chunks (whole logits of that many tokens would not fit; lowered at each update to what the free
+        memory holds), else passes of ``micro_batch_size``."""
+        if self.config.train.micro_batch_tokens is not None or not on_cuda:
+            return self.config.train.micro_batch_tokens
+        return GPU_MICRO_BATCH_TOKENS if logprob_head.cut_at_head(policy.model) is not None else None
