@@ -217,7 +217,7 @@ def test_every_config_error_comes_before_a_model_is_built(tmp_path, monkeypatch)
     loaded or built (a build would take minutes), and nothing is written: neither --out nor the cache."""
     import coevolve.models
     import coevolve.models.tiny_arith
-    import coevolve.recipes.base
+    import coevolve.roles
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded or built before the error")
@@ -225,7 +225,7 @@ def test_every_config_error_comes_before_a_model_is_built(tmp_path, monkeypatch)
     cache = tmp_path / "cache"
     monkeypatch.setenv("COEVOLVE_CACHE", str(cache))
     for module, name in ((coevolve.models.tiny_arith, "ensure_tiny_arith"), (coevolve.models, "load_policy"),
-                         (coevolve.recipes.base, "load_policy")):
+                         (coevolve.roles, "load_policy")):
         monkeypatch.setattr(module, name, no_model)
     for args, needle, code in config_errors(tmp_path):
         line = one_error(invoke(*args), code)
