@@ -366,14 +366,14 @@ def probe_early(work: Path) -> dict[str, Any]:
 
     import coevolve.models
     import coevolve.models.tiny_arith
-    import coevolve.recipes.base
+    import coevolve.roles
     from coevolve.cli import app
 
     def tripwire(*args, **kwargs):
         raise AssertionError("a model was loaded or built before the error")
 
     patched = [(coevolve.models.tiny_arith, "ensure_tiny_arith"), (coevolve.models, "load_policy"),
-               (coevolve.recipes.base, "load_policy")]
+               (coevolve.roles, "load_policy")]
     saved = [getattr(module, name) for module, name in patched]
     cache, before = work / "empty-cache", os.environ.get("COEVOLVE_CACHE")
     (work / "early").mkdir()
