@@ -54,7 +54,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from conftest import save_random_llama  # noqa: E402  (the tests' random model)
 from test_faults import DAMAGES, HOSTILE, NAN_BYTES, PARSERS  # noqa: E402  (the probes this scales up)
-from test_faults_cli import config_errors  # noqa: E402
+from test_faults_cli import config_errors, model_loaders  # noqa: E402
 
 from coevolve.grading import MAX_TEXT_CHARS, majority_vote, pop_bound_counts  # noqa: E402
 from coevolve.grading.guard import PARSE_ERROR, TEXT_TOO_LONG, VOTE_OVER_BUDGET  # noqa: E402
@@ -364,16 +364,12 @@ def probe_early(work: Path) -> dict[str, Any]:
     """Every bad command the tests know, with an empty model cache and model loading replaced by a tripwire."""
     from typer.testing import CliRunner
 
-    import coevolve.models
-    import coevolve.models.tiny_arith
-    import coevolve.roles
     from coevolve.cli import app
 
     def tripwire(*args, **kwargs):
         raise AssertionError("a model was loaded or built before the error")
 
-    patched = [(coevolve.models.tiny_arith, "ensure_tiny_arith"), (coevolve.models, "load_policy"),
-               (coevolve.roles, "load_policy")]
+    patched = model_loaders()
     saved = [getattr(module, name) for module, name in patched]
     cache, before = work / "empty-cache", os.environ.get("COEVOLVE_CACHE")
     (work / "early").mkdir()

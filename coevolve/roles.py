@@ -10,12 +10,23 @@ from __future__ import annotations
 import torch
 
 from coevolve import distributed
-from coevolve.config import GPU_MICRO_BATCH_TOKENS, RoleSettings, RunConfig
+from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, RoleSettings, RunConfig
 from coevolve.models import Policy, load_policy
 from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency
 from coevolve.rl.trainer import PolicyTrainer, UpdateSettings, update_settings
 from coevolve.rollout import RolloutEngine, make_engine, weights_version
+
+
+def tis_cap(config: RunConfig, *, bf16_sampler: bool, constrained: bool) -> float | None:
+    """The cap of truncated importance sampling: ``train.tis_cap``, else ``DEFAULT_TIS_CAP`` where rollouts are not
+    sampled from the trainer's pi (vLLM's log-probs are not the trainer's, a bf16 sampler copy rounds the weights,
+    constrained decoding samples from a masked distribution q: the weights min(pi_old / q, cap) correct for all
+    three), else None (off)."""
+    if config.train.tis_cap is not None:
+        return config.train.tis_cap
+    other = config.rollout.engine == "vllm" or bf16_sampler or constrained
+    return DEFAULT_TIS_CAP if other else None
 
 
 class RoleRuntime:
@@ -36,14 +47,15 @@ class RoleRuntime:
         on_cuda = self.device.type == "cuda"
         return setting == "bf16" or (setting == "auto" and on_cuda and torch.cuda.is_bf16_supported())
 
-    def update_settings(self, policy: Policy, role: RoleSettings | None, tis_cap: float | None) -> UpdateSettings:
-        """A role's update settings: the run's ``train`` section, the role's own over it, and what the device
-        decides."""
+    def update_settings(self, policy: Policy, role: RoleSettings | None, constrained: bool) -> UpdateSettings:
+        """A role's update settings: the run's ``train`` section, the role's own over it, and what the device and the
+        sampler decide (``constrained``: the recipe samples under a format constraint)."""
         train = self.config.train
         on_cuda = self.device.type == "cuda"
         return update_settings(
             train, role, micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda),
-            fit_memory=train.micro_batch_tokens is None, tis_cap=tis_cap,
+            fit_memory=train.micro_batch_tokens is None,
+            tis_cap=tis_cap(self.config, bf16_sampler=self.bf16(self.config.rollout.dtype), constrained=constrained),
             norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature, dtype="bf16" if self.bf16(train.dtype) else "fp32",
             gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import yaml
@@ -212,20 +213,27 @@ def config_errors(tmp_path: Path) -> list[tuple[list[str], str, int]]:
     ]
 
 
-def test_every_config_error_comes_before_a_model_is_built(tmp_path, monkeypatch):
-    """With an empty model cache, each bad command stops with one line and its exit code before any model is
-    loaded or built (a build would take minutes), and nothing is written: neither --out nor the cache."""
+def model_loaders() -> list[tuple[ModuleType, str]]:
+    """The functions that load or build a model, as (module, name): the tripwire of the early-error checks (here and
+    in bench/faults.py)."""
     import coevolve.models
     import coevolve.models.tiny_arith
     import coevolve.roles
+
+    return [(coevolve.models.tiny_arith, "ensure_tiny_arith"), (coevolve.models, "load_policy"),
+            (coevolve.roles, "load_policy")]
+
+
+def test_every_config_error_comes_before_a_model_is_built(tmp_path, monkeypatch):
+    """With an empty model cache, each bad command stops with one line and its exit code before any model is
+    loaded or built (a build would take minutes), and nothing is written: neither --out nor the cache."""
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded or built before the error")
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("COEVOLVE_CACHE", str(cache))
-    for module, name in ((coevolve.models.tiny_arith, "ensure_tiny_arith"), (coevolve.models, "load_policy"),
-                         (coevolve.roles, "load_policy")):
+    for module, name in model_loaders():
         monkeypatch.setattr(module, name, no_model)
     for args, needle, code in config_errors(tmp_path):
         line = one_error(invoke(*args), code)

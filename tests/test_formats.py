@@ -104,11 +104,12 @@ def test_constrained_sampling_matches_regex_and_records_masked_logprobs(random_p
 
 def test_format_constraint_turns_on_tis_and_help_is_refused_on_arith():
     from coevolve.recipes import RECIPES, resolve
+    from coevolve.roles import tis_cap
 
     cfg, params, cls = resolve("r_zero", sets=["task=math", "model=smollm2-135m", "params.format_constraint=true"])
-    assert cls.tis_cap(cfg, params, bf16_sampler=False) == 2.0
+    assert tis_cap(cfg, bf16_sampler=False, constrained=cls.constrains_rollouts(params)) == 2.0
     cfg, params, cls = resolve("r_zero", preset="paper")
-    assert cls.tis_cap(cfg, params, bf16_sampler=False) is None
+    assert tis_cap(cfg, bf16_sampler=False, constrained=cls.constrains_rollouts(params)) is None
     assert params.format_examples == 0 and not params.format_constraint
     with pytest.raises(ConfigError, match="format help is for chat tasks"):
         resolve("r_zero", preset="small", sets=["params.format_examples=2"])

@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coevolve.config import DEFAULT_TIS_CAP, ConfigError, RoleSettings, RunConfig
+from coevolve.config import ConfigError, RoleSettings, RunConfig
 from coevolve.models import Policy
 from coevolve.records import SampleRow
 from coevolve.rl.trainer import PolicyTrainer, TrainSample
@@ -191,8 +191,8 @@ class Recipe:
         return."""
         if role not in self.roles or role in self._role_policies:
             raise ValueError(f"{self.name}: role {role!r} is not one of {self.roles} or has a trainer already")
-        tis_cap = self.tis_cap(self.config, self.params, bf16_sampler=self._runtime.bf16(self.config.rollout.dtype))
-        settings = self._runtime.update_settings(policy, self.role_settings(role), tis_cap)
+        settings = self._runtime.update_settings(policy, self.role_settings(role),
+                                                 constrained=self.constrains_rollouts(self.params))
         try:
             trainer = self._runtime.make_trainer(policy, settings)
         except ValueError as exc:  # peft: a target module the model does not have
@@ -203,17 +203,6 @@ class Recipe:
         self._trainers[id(policy)] = trainer
         self._role_policies[role] = policy
         return trainer
-
-    @classmethod
-    def tis_cap(cls, config: RunConfig, params: RecipeParams, bf16_sampler: bool) -> float | None:
-        """The cap of truncated importance sampling: ``train.tis_cap``, else ``DEFAULT_TIS_CAP`` where rollouts are
-        not sampled from the trainer's pi (vLLM's log-probs are not the trainer's, a bf16 sampler copy rounds the
-        weights, constrained decoding samples from a masked distribution q: the weights min(pi_old / q, cap) correct
-        for all three), else None (off)."""
-        if config.train.tis_cap is not None:
-            return config.train.tis_cap
-        other = config.rollout.engine == "vllm" or bf16_sampler or cls.constrains_rollouts(params)
-        return DEFAULT_TIS_CAP if other else None
 
     @classmethod
     def constrains_rollouts(cls, params: RecipeParams) -> bool:

@@ -91,6 +91,7 @@ def test_bf16_copy_logprobs_are_within_bf16_rounding_of_the_trainer_and_turn_tis
     from coevolve.config import DEFAULT_TIS_CAP
     from coevolve.recipes import resolve
     from coevolve.rl.trainer import TrainSample, sequence_logprobs
+    from coevolve.roles import tis_cap
 
     model = gqa_llama(tokenizer)
     engine = HFRolloutEngine(model, tokenizer, batch_size=16, dtype=torch.bfloat16)
@@ -104,10 +105,11 @@ def test_bf16_copy_logprobs_are_within_bf16_rounding_of_the_trainer_and_turn_tis
     assert next(engine.copy.model.parameters()).dtype == torch.bfloat16
     assert 0 < gaps.max() < 0.02 and gaps.mean() < 0.004, (gaps.max(), gaps.mean())  # bf16 rounding (0.0018, 4e-4)
     config, params, cls = resolve("grpo")
-    assert cls.tis_cap(config, params, bf16_sampler=True) == DEFAULT_TIS_CAP
-    assert cls.tis_cap(config, params, bf16_sampler=False) is None
+    constrained = cls.constrains_rollouts(params)
+    assert tis_cap(config, bf16_sampler=True, constrained=constrained) == DEFAULT_TIS_CAP
+    assert tis_cap(config, bf16_sampler=False, constrained=constrained) is None
     config, params, cls = resolve("grpo", sets=["train.tis_cap=5"])
-    assert cls.tis_cap(config, params, bf16_sampler=True) == 5.0  # an explicit cap wins
+    assert tis_cap(config, bf16_sampler=True, constrained=constrained) == 5.0  # an explicit cap wins
 
 
 def test_the_copy_follows_the_trainers_updates_and_can_be_freed(tokenizer):
