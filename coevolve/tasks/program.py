@@ -297,8 +297,8 @@ class TinyProgramWorld(ProgramWorld):
         _compact_only(style)
         return proposer_prompt(kind, references)
 
-    def read_proposal(self, kind, text, program=None):
-        return read_proposal(kind, text, program, self.n_inputs)
+    def read_proposal(self, kind, text, program=None, strip=False):
+        return read_proposal(kind, text, program, self.n_inputs)  # an expression of one line: nothing to strip
 
     def validate(self, proposals):
         started, out = time.perf_counter(), []

@@ -9,7 +9,10 @@ limits; ``docs/execution.md``).
 Validation (AZR §3.3.3): the proposal's blocks are present and in bounds; the program parses and defines ``f``; it
 imports none of ``FORBIDDEN`` (nor reaches ``os.path``, ``os.environ``, ``os.sys``, ``sys.exit``); each input is a
 Python literal argument list; ``f(*input)`` runs and returns a plain literal value (not None), the same in two
-independent runs (determinism, j = 2). The value comes back through a helper appended after the program that checks
+independent runs (determinism, j = 2). :class:`Rules` switches to the authors' code's rules (``CODE_RULES``): one
+``def`` in all, inputs written as any call arguments (evaluated in the sandbox only: this process checks that the text
+is the arguments of one call to ``f``), ``None`` and non-literal outputs (their repr), gold outputs cut to 400
+characters. The value comes back through a helper appended after the program that checks
 its true type with names the program cannot rebind, so a program cannot pass a forged value (an object whose
 ``__eq__`` or ``__repr__`` lies) as an output, and every comparison of values happens in this process between plain
 literals: deduction compares the solver's output with the gold one, abduction runs ``f`` on the solver's input,
@@ -26,6 +29,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -36,15 +40,17 @@ from coevolve.tasks.triplets import ExecutionStats, Kind, ProgramWorld, Proposal
 # AZR's forbidden modules (its config's banned_words: the paper's Fig. 12 list plus hmac)
 FORBIDDEN = ("logging", "random", "multiprocessing", "pebble", "subprocess", "threading", "datetime", "time",
              "hashlib", "hmac", "bcrypt", "calendar", "os.sys", "os.path", "sys.exit", "os.environ")
-MAX_PROGRAM_CHARS = 5600  # AZR's content_max_length
-MAX_VALUE_CHARS = 2000  # an input or output as text
+MAX_PROGRAM_CHARS = 5600  # coevolve's bound on a program's text before it is parsed (the code bounds whole prompts)
+MAX_VALUE_CHARS = 2000  # an input or output as text (coevolve's; the code cuts outputs to 400 characters instead)
 NOT_A_LITERAL = "__coevolve_not_a_literal__"
+SHOWN = "__coevolve_shown__"  # marks the (SHOWN, repr) pair of a value that is not a plain literal
 # Appended after a program: returns a value unchanged when its true type is a plain literal one (recursively), else
-# NOT_A_LITERAL. ``(0).__class__.__class__`` is ``type`` reached without a name the program could rebind; the helper's
-# own names are locals and a closure, and an expression loads it before it calls ``f``.
+# NOT_A_LITERAL, or with ``shown`` the pair (SHOWN, repr(value)). ``(0).__class__.__class__`` is ``type`` reached
+# without a name the program could rebind; the helper's own names are locals and a closure, and an expression loads it
+# before it calls ``f``.
 _PLAIN = """
 
-def __coevolve_plain(value):
+def __coevolve_plain(value, shown=False):
     kind = (0).__class__.__class__
     atoms = (kind(0), kind(0.0), kind(0j), kind(''), kind(b''), kind(True), kind(None))
     sequences = (kind([]), kind(()), kind({0}))
@@ -70,8 +76,10 @@ def __coevolve_plain(value):
                 return True
         return False
 
-    return value if plain(value, 0) else %r
-""" % NOT_A_LITERAL  # noqa: UP031  (the code's own braces would need doubling)
+    if plain(value, 0):
+        return value
+    return (%r, repr(value)) if shown else %r
+""" % (SHOWN, NOT_A_LITERAL)  # noqa: UP031  (the code's own braces would need doubling)
 _REASONS = {"syntax": "syntax", "error": "error", "forbidden": "forbidden", "timeout": "timeout",
             "memory": "resource", "output": "resource", "killed": "resource"}
 
@@ -81,6 +89,50 @@ SEED_PROGRAM = "def f(a):\n    return a"
 _FUNCTION = r"```python\ndef f\([a-z_]{1,12}(, [a-z_]{1,12}){0,2}\):\n(    [^\n`]{1,60}\n){1,4}```"
 _LITERAL = r"""(-?[0-9]{1,6}|"[A-Za-z0-9 ]{0,20}"|'[A-Za-z0-9 ]{0,20}'|\[(-?[0-9]{1,4}(, -?[0-9]{1,4}){0,7})?\])"""
 _ARGUMENTS = _LITERAL + "(, " + _LITERAL + "){0,2}"
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What counts as a valid program, input and output. The defaults are coevolve's (helpers allowed, positional
+    literal inputs read here, plain literal outputs other than None, outputs over ``MAX_VALUE_CHARS`` invalid);
+    ``CODE_RULES`` are those of the authors' code (``docs/recipes/azr.md`` cites each)."""
+
+    single_function: bool = False  # reject a program with more than one def (nested ones and methods included)
+    expression_inputs: bool = False  # an input is any call arguments (``dict(a=1, b=2)``, ``x=3``), run in the sandbox
+    any_output: bool = False  # accept None and values that are not plain literals (their repr is the output)
+    output_chars: int | None = None  # cut a gold output longer than this to its first and last halves around "..."
+
+
+CODE_RULES = Rules(single_function=True, expression_inputs=True, any_output=True, output_chars=400)
+
+
+def truncate(text: str, limit: int) -> str:
+    """``text`` when it is at most ``limit`` characters, else its first and last ``limit // 2`` around "..."."""
+    half = limit // 2
+    return text if len(text) <= limit else text[:half] + "..." + text[-half:]
+
+
+def strip_program(program: str) -> str:
+    """A seed program without its comments and docstrings and without top-level statements other than imports,
+    functions and classes (the code's ``remove_comments`` and ``remove_after_return``), rebuilt from its syntax tree
+    with ``ast.unparse`` (which keeps no comments); the program unchanged when it does not parse."""
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return program
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            while node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
+                    and isinstance(node.body[0].value.value, str):
+                node.body.pop(0)  # a docstring
+            if not node.body and not isinstance(node, ast.Module):
+                node.body.append(ast.Pass())
+    tree.body = [node for node in tree.body if isinstance(
+        node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    try:
+        return "\n".join(line for line in ast.unparse(tree).splitlines() if line.strip())
+    except (ValueError, RecursionError):
+        return program
 
 
 # ----------------------------------------------------------------------------- reading model text
@@ -100,9 +152,10 @@ def blocks(text: str, tag: str) -> list[str]:
     return [m.group(1) for m in re.finditer(rf"```{tag}[ \t]*\n?(.*?)\n?```", text, re.DOTALL | re.IGNORECASE)]
 
 
-def parse_program(program: str) -> ast.Module | None:
-    """The syntax tree of a program that defines a top-level ``f`` and is at most ``MAX_PROGRAM_CHARS`` long; None
-    otherwise (a program the parser cannot take, nested too deeply or too large, included)."""
+def parse_program(program: str, single_function: bool = False) -> ast.Module | None:
+    """The syntax tree of a program that defines a top-level ``f`` and is at most ``MAX_PROGRAM_CHARS`` long (with
+    ``single_function``: and has no other ``def`` anywhere, nested functions and methods included); None otherwise (a
+    program the parser cannot take, nested too deeply or too large, included)."""
     if len(program) > MAX_PROGRAM_CHARS:
         return None
     try:
@@ -111,6 +164,9 @@ def parse_program(program: str) -> ast.Module | None:
         return None
     defines_f = any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "f"
                     for node in tree.body)
+    functions = sum(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) for node in ast.walk(tree))
+    if single_function and functions > 1:
+        return None
     return tree if defines_f else None
 
 
@@ -160,9 +216,23 @@ def read_arguments(text: str) -> tuple | None:
         return None
 
 
-def read_value(text: str | None) -> tuple[bool, Any]:
-    """(True, the value) of a Python literal of at most ``MAX_VALUE_CHARS`` characters; (False, None) otherwise."""
-    if text is None or len(text) > MAX_VALUE_CHARS:
+def call_arguments(text: str) -> str | None:
+    """An input written as any call arguments (``dict(a=1, b=2)``, ``x=3``, ``*[1, 2]``): the stripped text when
+    ``f(<text>)`` parses as exactly one call to ``f`` (so the text cannot reach outside the call's parentheses) and it
+    is at most ``MAX_VALUE_CHARS`` characters; else None. Only parsed here: it is evaluated in the sandbox."""
+    text = text.strip()
+    if not text or len(text) > MAX_VALUE_CHARS:
+        return None
+    try:
+        call = ast.parse(f"f({text}\n)", mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return text if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f" else None
+
+
+def read_value(text: str | None, limit: int | None = MAX_VALUE_CHARS) -> tuple[bool, Any]:
+    """(True, the value) of a Python literal of at most ``limit`` characters; (False, None) otherwise."""
+    if text is None or limit is not None and len(text) > limit:
         return False, None
     try:
         return True, ast.literal_eval(text.strip())
@@ -170,27 +240,35 @@ def read_value(text: str | None) -> tuple[bool, Any]:
         return False, None
 
 
+def readable_input(text: str, rules: Rules) -> bool:
+    """Whether an input's text is one under ``rules``: literal arguments, or (expression_inputs) any call arguments."""
+    return (call_arguments(text) if rules.expression_inputs else read_arguments(text)) is not None
+
+
 @parses_model_text(invalid="format")
-def _read_proposal(text: str, kind: Kind, program: str | None, n_inputs: int) -> Proposal | str:
+def _read_proposal(text: str, kind: Kind, program: str | None, n_inputs: int, rules: Rules,
+                   strip: bool) -> Proposal | str:
     answer = answer_part(text)
     inputs = blocks(answer, "input")
     if kind == "induction":
         messages = blocks(answer, "message")
         if len(inputs) != n_inputs or not messages:
             return "format"
-        if any(read_arguments(i) is None for i in inputs):
+        if not all(readable_input(i, rules) for i in inputs):
             return "syntax"
         return Proposal(kind, program or "", tuple(i.strip() for i in inputs), messages[0].strip()[:MAX_VALUE_CHARS])
     programs = blocks(answer, "python")
     if not programs or not inputs:
         return "format"
     code = programs[0].strip("\n")
-    tree = parse_program(code)
+    if strip and parse_program(code, rules.single_function) is not None:
+        code = strip_program(code)
+    tree = parse_program(code, rules.single_function)
     if tree is None:
         return "syntax"
     if uses_forbidden(tree):
         return "forbidden"
-    if read_arguments(inputs[0]) is None:
+    if not readable_input(inputs[0], rules):
         return "syntax"
     return Proposal(kind, code, (inputs[0].strip(),))
 
@@ -207,7 +285,7 @@ def _read_answer(text: str, kind: Kind) -> str | None:
 # ----------------------------------------------------------------------------- prompts
 
 _RULES = """### Requirements for the program
-- Name the entry function `f` (for example `def f(x): ...`); it may define helper functions inside it
+- Name the entry function `f` (for example `def f(x): ...`); {functions}
 - `f` takes at least one argument and returns a value
 - It is deterministic: no randomness, no clock or date, no files, no network, no printing, no outside state
 - It finishes within {timeout} seconds on an ordinary CPU
@@ -216,7 +294,7 @@ _RULES = """### Requirements for the program
 
 ### Requirements for the input
 - Exactly one input: the arguments of `f`, separated by commas
-- Every argument is a Python literal (quote strings)
+- {arguments}
 
 ### Format
 ```python
@@ -253,7 +331,7 @@ will see half of your inputs with their outputs and your message, and must write
 outputs for the other half. The message may describe the task in words, but must not contain the code.
 
 ### Requirements
-- Each input is the arguments of `f`, separated by commas, every argument a Python literal (quote strings)
+- Each input is the arguments of `f`, separated by commas; {arguments}
 - Put each input in its own ```input block, and the message in one ```message block
 
 ### Format
@@ -331,6 +409,12 @@ def f(...):
 }
 
 
+_FUNCTIONS = {False: "it may define helper functions inside it",
+              True: "it is the only function: no helper, nested function or method"}
+_ARGUMENT_RULE = {False: "every argument is a Python literal (quote strings)",
+                  True: "any Python expressions, keyword arguments allowed (quote strings)"}
+
+
 def _snippets(references: Sequence[Triplet]) -> str:
     return "".join(f"<snippet_{i}>\n```python\n{t.program}\n```\n```input\n{t.inputs[0]}\n```\n"
                    f"```output\n{t.outputs[0]}\n```\n</snippet_{i}>\n" for i, t in enumerate(references))
@@ -344,25 +428,35 @@ class PythonWorld(ProgramWorld):
 
     name = "python"
 
-    def __init__(self, executor: Executor, n_inputs: int = 10):
-        self.executor, self.n_inputs = executor, n_inputs
+    def __init__(self, executor: Executor, n_inputs: int = 10, rules: Rules = Rules()):
+        self.executor, self.n_inputs, self.rules = executor, n_inputs, rules
         self._stats = ExecutionStats()
 
     def seed_triplet(self) -> Triplet:
         return Triplet(SEED_PROGRAM, ('"Hello world"',), ("'Hello world'",))
 
     def proposer_prompt(self, kind, references, style):
+        arguments = _ARGUMENT_RULE[self.rules.expression_inputs]
         if kind == "induction":
-            return _PROPOSE_INDUCTION.format(n=self.n_inputs, program=references[0].program)
-        rules = _RULES.format(timeout=int(self.executor.limits.wall_seconds), forbidden=", ".join(FORBIDDEN))
+            return _PROPOSE_INDUCTION.format(n=self.n_inputs, program=references[0].program, arguments=arguments)
+        rules = _RULES.format(timeout=int(self.executor.limits.wall_seconds), forbidden=", ".join(FORBIDDEN),
+                              functions=_FUNCTIONS[self.rules.single_function], arguments=arguments)
         return _PROPOSE[kind] + rules + "\n### Reference programs\n" + _snippets(references)
 
-    def read_proposal(self, kind, text, program=None):
-        return _read_proposal(text, kind, program, self.n_inputs)
+    def read_proposal(self, kind, text, program=None, strip=False):
+        return _read_proposal(text, kind, program, self.n_inputs, self.rules, strip)
+
+    def call(self, program: str, arguments: Sequence[str]) -> Job:
+        """The run of ``f`` on each input (one: its value; several: the list of values), each value passed through
+        the plain-literal helper: literal inputs are read here and passed as values, expression inputs (checked by
+        :func:`call_arguments`) are evaluated in the sandbox."""
+        shown = ", True" if self.rules.any_output else ""
+        calls = [f"__coevolve_plain(f({call_arguments(a)}\n){shown})" if self.rules.expression_inputs
+                 else f"__coevolve_plain(f(*{read_arguments(a)!r}){shown})" for a in arguments]
+        return Job(program + _PLAIN, calls[0] if len(calls) == 1 else "[" + ", ".join(calls) + "]")
 
     def validate(self, proposals):
-        jobs = [Job(p.program + _PLAIN, f"__coevolve_plain(f(*{read_arguments(i)!r}))")
-                for p in proposals for i in p.inputs for _ in range(2)]
+        jobs = [self.call(p.program, [i]) for p in proposals for i in p.inputs for _ in range(2)]
         outcomes = iter(self._run(jobs))
         out = []
         for p in proposals:
@@ -371,10 +465,38 @@ class PythonWorld(ProgramWorld):
                 first, second = next(outcomes), next(outcomes)
                 if reason is None:
                     reason = _run_reason(first, second)
-                    outputs.append(first.value)
+                    output = None if reason else self.output(first.value)
+                    reason = reason or ("error" if output is None else None)
+                    outputs.append(output)
             out.append(Validation(Triplet(p.program, p.inputs, tuple(outputs), p.message)) if reason is None
                        else Validation(None, reason))
         return out
+
+    def output(self, raw: str | None) -> str | None:
+        """A run's value (the repr the helper's result came back as) as an output's text under the rules, or None when
+        it is not one: NOT_A_LITERAL, None (unless any_output), too long (unless cut to ``output_chars``)."""
+        ok, value = read_value(raw, limit=None)
+        return self.shown(value) if ok else None
+
+    def shown(self, value: Any) -> str | None:
+        """The output text of a value the helper returned (see :meth:`output`)."""
+        if isinstance(value, tuple) and len(value) == 2 and value[0] == SHOWN and isinstance(value[1], str):
+            text = value[1].strip() if self.rules.any_output else None
+        elif isinstance(value, str) and value == NOT_A_LITERAL or value is None and not self.rules.any_output:
+            text = None
+        else:
+            text = repr(value)
+        if text is None or self.rules.output_chars is not None:
+            return text if text is None else truncate(text, self.rules.output_chars)
+        return text if len(text) <= MAX_VALUE_CHARS else None
+
+    def same(self, answer: str | None, gold: str) -> bool:
+        """Whether an output (the solver's text, or one a run gave) is the gold one: Python value equality when both
+        read as literals, else the same text (a repr of a value that is not a literal, a cut output)."""
+        if answer is None:
+            return False
+        a, g = read_value(answer), read_value(gold)
+        return _same(a, g) if a[0] and g[0] else answer.strip() == gold.strip()
 
     def solver_prompt(self, kind, task, style):
         if kind == "induction":
@@ -386,9 +508,8 @@ class PythonWorld(ProgramWorld):
         return _read_answer(text, kind)
 
     def check(self, kind, tasks, answers):
-        if kind == "deduction":  # two literals compared here: nothing to run
-            return [answer is not None and _same(read_value(answer), read_value(t.outputs[0]))
-                    for t, answer in zip(tasks, answers)]
+        if kind == "deduction":  # two outputs compared here: nothing to run
+            return [self.same(answer, t.outputs[0]) for t, answer in zip(tasks, answers)]
         jobs, owners = [], []
         for n, (task, answer) in enumerate(zip(tasks, answers)):
             job = self._check_job(kind, task, answer)
@@ -401,12 +522,14 @@ class PythonWorld(ProgramWorld):
             if outcome.status != "ok":
                 continue
             if kind == "abduction":
-                verdicts[n] = _same(read_value(outcome.value), read_value(task.outputs[0]))
+                verdicts[n] = self.same(self.output(outcome.value), task.outputs[0])
             else:
-                ok, values = read_value(outcome.value)
-                gold = [read_value(o) for _, o in task.hidden]
+                ok, values = read_value(outcome.value, limit=None)
+                gold = [o for _, o in task.hidden]
+                if len(gold) == 1:
+                    values = [values]
                 verdicts[n] = ok and isinstance(values, list) and len(values) == len(gold) and all(
-                    _same((True, v), g) for v, g in zip(values, gold))
+                    self.same(self.shown(v), g) for v, g in zip(values, gold))
         return verdicts
 
     def _check_job(self, kind: Kind, task: Triplet, answer: str | None) -> Job | None:
@@ -415,13 +538,11 @@ class PythonWorld(ProgramWorld):
         if answer is None:
             return None
         if kind == "abduction":
-            args = read_arguments(answer)
-            return None if args is None else Job(task.program + _PLAIN, f"__coevolve_plain(f(*{args!r}))")
+            return self.call(task.program, [answer]) if readable_input(answer, self.rules) else None
         tree = parse_program(answer)
         if tree is None or uses_forbidden(tree):
             return None
-        inputs = [read_arguments(i) for i, _ in task.hidden]
-        return Job(answer + _PLAIN, f"(lambda plain: [plain(f(*a)) for a in {inputs!r}])(__coevolve_plain)")
+        return self.call(answer, [i for i, _ in task.hidden])
 
     def program_ops(self, program):
         return program_ops(program)
@@ -459,9 +580,6 @@ def _run_reason(first: Outcome, second: Outcome) -> str | None:
             return _REASONS.get(outcome.status, "error")
     if first.value != second.value:
         return "nondeterministic"
-    if first.value in ("None", repr(NOT_A_LITERAL)) or len(first.value) > MAX_VALUE_CHARS \
-            or not read_value(first.value)[0]:
-        return "error"  # nothing returned, or a value that is not a plain literal
     return None
 
 
@@ -485,8 +603,9 @@ def program_ops(program: str) -> frozenset[str]:
     return frozenset(type(node).__name__ for node in ast.walk(tree)) - trivial
 
 
-def python_world(timeout_s: float, workers: int | None, unconfined: bool, n_inputs: int = 10) -> PythonWorld:
+def python_world(timeout_s: float, workers: int | None, unconfined: bool, n_inputs: int = 10,
+                 rules: Rules = Rules()) -> PythonWorld:
     """A python world over a new executor: bubblewrap unless ``unconfined`` (raises ``SandboxUnavailable`` with one
     line when bubblewrap cannot run)."""
     limits = ExecutionLimits(cpu_seconds=timeout_s, wall_seconds=timeout_s, output_bytes=64 * 1024)
-    return PythonWorld(Executor(limits, workers, confinement="none" if unconfined else "bwrap"), n_inputs)
+    return PythonWorld(Executor(limits, workers, confinement="none" if unconfined else "bwrap"), n_inputs, rules)

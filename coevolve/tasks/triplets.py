@@ -109,8 +109,9 @@ class ProgramWorld:
         the one program (``references[0]``) to write inputs and a message for."""
         raise NotImplementedError
 
-    def read_proposal(self, kind: Kind, text: str, program: str | None = None) -> Proposal | str:
-        """The proposal in ``text`` (induction: for ``program``), or the reason it is invalid ("format", "syntax")."""
+    def read_proposal(self, kind: Kind, text: str, program: str | None = None, strip: bool = False) -> Proposal | str:
+        """The proposal in ``text`` (induction: for ``program``), or the reason it is invalid ("format", "syntax");
+        ``strip``: the program without comments and top-level code other than definitions (seeding, §3.3.1)."""
         raise NotImplementedError
 
     def validate(self, proposals: Sequence[Proposal]) -> list[Validation]:
