@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
@@ -48,10 +48,11 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.records import SampleRow, generator_row, solver_row
-from coevolve.rewards.azr import learnability, proposer_reward, solver_reward
+from coevolve.rewards.azr import learnability, proposer_reward, solver_reward, tagged_answer, think_answer_format
 from coevolve.rl.advantages import compute_advantages
 from coevolve.rl.trainer import TrainSample
 from coevolve.rollout import Completion, SamplingParams
+from coevolve.rollout.hf import encode_prompt
 from coevolve.tasks.registry import Task
 from coevolve.tasks.triplets import (
     INVALID_REASONS,
@@ -63,7 +64,11 @@ from coevolve.tasks.triplets import (
     TaskBuffers,
     Triplet,
     buffer_stats,
+    r1_zero_prompt,
 )
+
+if TYPE_CHECKING:
+    from coevolve.tasks.python_programs import Rules
 
 
 class AZRParams(RecipeParams):
@@ -94,6 +99,25 @@ class AZRParams(RecipeParams):
                                     "(format help for small chat models; turns on train.tis_cap)")
     solver_format_constraint: bool = Field(False, description="python world: constrained decoding of the solver's "
                                            "answer formats")
+    r1_zero_format: bool = Field(False, description="the code's answer format: every prompt wrapped in R1-Zero's "
+                                 "<think>/<answer> template with the chat template off; answers read only from "
+                                 "<answer>; an output not shaped <think>...</think><answer>...</answer> scores -1 (a "
+                                 "valid proposal still joins its buffer)")
+    single_function: bool = Field(False, description="python world: a program with more than one def (nested "
+                                  "functions and methods included) is invalid (code: reject_multiple_functions)")
+    expression_inputs: bool = Field(False, description="python world: inputs are any call arguments (dict(a=1, b=2), "
+                                    "keyword arguments), evaluated in the sandbox; unset: positional literals")
+    any_output: bool = Field(False, description="python world: None and values that are not plain literals are "
+                             "valid outputs (their repr); unset: plain literals other than None")
+    output_chars: int | None = Field(None, gt=2, description="python world: gold outputs longer than this are cut to "
+                                     "their first and last halves around '...' (code: 400); unset: an output over "
+                                     "2,000 characters is invalid")
+    strip_seed_programs: bool = Field(True, description="python world: seeding strips each proposed program of "
+                                      "comments, docstrings and top-level code other than imports and definitions "
+                                      "(code's seeding scripts: remove_comments, remove_after_return)")
+    max_prompt_tokens: int | None = Field(None, gt=0, description="drop a prompt longer than this many tokens, as "
+                                          "formatted for the model: a proposer draws other references, a solver task "
+                                          "is left out of the batch (code: content_max_length 8096)")
 
     @field_validator("task_types")
     @classmethod
@@ -101,6 +125,12 @@ class AZRParams(RecipeParams):
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"task types repeat: {kinds}")
         return [kind for kind in KINDS if kind in kinds]  # the paper's order
+
+    def rules(self) -> Rules:
+        """The python world's validity rules these params choose."""
+        from coevolve.tasks.python_programs import Rules
+
+        return Rules(self.single_function, self.expression_inputs, self.any_output, self.output_chars)
 
 
 @dataclass
@@ -116,6 +146,7 @@ class Proposed:
     estimate_answers: list[str | None] = field(default_factory=list)
     estimate_correct: list[bool] = field(default_factory=list)
     proposal: Proposal | None = None  # what the world read from the completion
+    formatted: bool = True  # r1_zero_format: the completion has the <think>/<answer> shape
     r_propose: float = 0.0
     reward: float = -1.0
     advantage: float = 0.0
@@ -130,6 +161,7 @@ class Solved:
     new: bool
     completion: Completion | None = None
     answer: str | None = None
+    formatted: bool = False  # an answer was read (r1_zero_format: from a well-formatted output)
     correct: bool = False
     reward: float = -1.0
     advantage: float = 0.0
@@ -147,7 +179,7 @@ def make_world(config: RunConfig, params: AZRParams) -> ProgramWorld:
 
         try:
             return python_world(params.execution_timeout_s, params.execution_workers, params.unconfined_execution,
-                                params.induction_inputs)
+                                params.induction_inputs, params.rules())
         except SandboxUnavailable as exc:
             raise ConfigError(f"config key 'params.unconfined_execution': azr runs model-written programs in a "
                               f"bubblewrap sandbox, which cannot run here ({exc}); install bubblewrap, or pass "
@@ -177,13 +209,27 @@ class AZR(Recipe):
             "params": {"batch_size": 16, "references": 3, "learnability_samples": 4, "induction_inputs": 6,
                        "seed_batch_factor": 4},
         },
-        "paper": {  # Table 3 and scripts/selfplay/*.sh; the paper's models are Qwen2.5-7B (--set model=...)
+        "paper": {  # the paper's Table 3 where it gives a value, the authors' scripts (both branches) otherwise;
+            # the paper's models are Qwen2.5-7B (--set model=...). Sources per value: docs/recipes/azr.md, "Presets".
             "model": "smollm2-135m", "task": "python", "steps": 500, "eval_sets": [],
             "rollout": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8096},
             "train": {"lr": 1e-6, "loss_agg": "token_mean", "clip_low": 0.2, "clip_high": 0.28, "grad_clip": 1.0,
                       "kl_beta": 0.0, "mini_batch_size": 128, "epochs": 1},
             "params": {"batch_size": 64, "references": 6, "learnability_samples": 8, "induction_inputs": 10,
                        "seed_batch_factor": 4, "max_buffer": 16384, "execution_timeout_s": 10.0},
+        },
+        "reference_code": {  # the authors' `paper` branch (their README: the code that reproduces the paper), value
+            # by value with file and line in docs/recipes/azr.md, "Presets"; --set model=... for a Qwen2.5 model
+            "model": "smollm2-135m", "task": "python", "steps": 500, "eval_sets": [],
+            "rollout": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8096},
+            "train": {"lr": 1e-6, "weight_decay": 0.01, "lr_schedule": "constant", "loss_agg": "token_mean",
+                      "clip_low": 0.2, "clip_high": 0.2, "dual_clip": None, "grad_clip": 1.0, "kl_beta": 0.0,
+                      "mini_batch_size": 128, "epochs": 1},
+            "params": {"batch_size": 64, "references": 6, "learnability_samples": 8, "induction_inputs": 10,
+                       "seed_batch_factor": 4, "max_buffer": 16384, "execution_timeout_s": 10.0,
+                       "trivial_task_reward": -0.5, "token_weighted_baseline": True, "r1_zero_format": True,
+                       "single_function": True, "expression_inputs": True, "any_output": True, "output_chars": 400,
+                       "strip_seed_programs": True, "max_prompt_tokens": 6144},
         },
     }
 
@@ -194,6 +240,9 @@ class AZR(Recipe):
         if config.task == "program" and self.policy.prompt_style != "compact":
             raise ConfigError("config key 'model': the program world's formats are the tiny-program model's; chat "
                               "models run azr with task=python")
+        if config.task == "program" and params.r1_zero_format:
+            raise ConfigError("config key 'params.r1_zero_format': the <think>/<answer> format is for chat models in "
+                              "the python world (task=python); the program world's model writes its compact format")
         self.trainer = self.make_trainer(self.policy, "policy")
         self.buffers = TaskBuffers(params.max_buffer)
         self.proposer_sampling = replace(self.sampling, max_new_tokens=params.proposer_max_tokens
@@ -236,16 +285,16 @@ class AZR(Recipe):
 
         # Solve phase (lines 16-19): this step's valid tasks, the batch filled from the buffer; one rollout each.
         solved = [Solved(kind, task, new) for kind in self.kinds
-                  for task, new in self.solve_batch([q.task for q in proposed if q.kind == kind and q.task],
+                  for task, new in self.solve_batch(kind, [q.task for q in proposed if q.kind == kind and q.task],
                                                     earlier[kind])]
         with timer("solve"):
             self.solve(solved, step_seed(seed, step, "solve"))
 
         # Rewards (Eq. 6), Task-Relative REINFORCE++ (Eq. 8), one update on both roles.
-        for q in proposed:
-            q.reward = proposer_reward(q.task is not None, q.r_propose, p.trivial_task_reward)
+        for q in proposed:  # a valid task joined its buffer above even when its output is badly formatted
+            q.reward = proposer_reward(q.task is not None and q.formatted, q.r_propose, p.trivial_task_reward)
         for s in solved:
-            s.reward = solver_reward(s.answer is not None, s.correct)
+            s.reward = solver_reward(s.formatted, s.correct)
         self.advantages(proposed, solved)
         with timer("update"):
             stats = self.trainer.update(self.train_batch(proposed, solved))
@@ -267,7 +316,8 @@ class AZR(Recipe):
             specs = [(io_kinds[i % len(io_kinds)], seeds.references("deduction", p.references, rng))
                      for i in range(p.batch_size)]
             known = set(seeds.triplets("deduction"))
-            new = [q.task for q in self.propose(specs, step_seed(self.config.seed, 0, f"seed-{round_}"))
+            new = [q.task for q in self.propose(specs, step_seed(self.config.seed, 0, f"seed-{round_}"),
+                                                strip=p.strip_seed_programs)
                    if q.task and q.task not in known]
             seeds.add("deduction", list(dict.fromkeys(new)), 0)
         for kind in ("deduction", "abduction"):
@@ -281,21 +331,40 @@ class AZR(Recipe):
         self.pop_execution()  # seeding's execution is not the first step's
 
     def references(self, kind: Kind, rng: random.Random) -> list[Triplet]:
-        """K references from the type's buffer, or (induction) one program drawn from D_ded ∪ D_abd."""
-        if kind == "induction":
-            return [self.buffers.induction_program(rng)]
-        return self.buffers.references(kind, self.params.references, rng)
+        """K references from the type's buffer, or (induction) one program drawn from D_ded ∪ D_abd; drawn again
+        (up to 20 times) while the prompt is over ``max_prompt_tokens``."""
+        for _ in range(20):
+            refs = ([self.buffers.induction_program(rng)] if kind == "induction"
+                    else self.buffers.references(kind, self.params.references, rng))
+            if self.fits(self.world.proposer_prompt(kind, refs, self.style)):
+                break
+        return refs
 
-    def propose(self, specs: list[tuple[Kind, list[Triplet]]], seed: int) -> list[Proposed]:
-        """One proposal per (type, references) spec, read and then validated by the world (one batch per type)."""
+    def fits(self, message: str) -> bool:
+        """Whether a prompt, as formatted for the model, is within ``max_prompt_tokens`` (always, when unset)."""
+        limit = self.params.max_prompt_tokens
+        return limit is None or len(encode_prompt(self.policy.tokenizer, self.format(message))) <= limit
+
+    def format(self, message: str) -> str:
+        """A message as the model reads it: in R1-Zero's template (r1_zero_format), else in its chat template."""
+        return r1_zero_prompt(message) if self.params.r1_zero_format else self.policy.format_prompt(message)
+
+    def answer_text(self, completion: Completion) -> str:
+        """The part of a completion its world reads: r1_zero_format, only what is inside <answer>."""
+        return tagged_answer(completion.text) if self.params.r1_zero_format else completion.text
+
+    def propose(self, specs: list[tuple[Kind, list[Triplet]]], seed: int, strip: bool = False) -> list[Proposed]:
+        """One proposal per (type, references) spec, read and then validated by the world (one batch per type);
+        ``strip``: programs stripped first (seeding)."""
         prompts = [(kind, self.world.proposer_prompt(kind, refs, self.style)) for kind, refs in specs]
         outputs = self.generate(prompts, 1, seed, self.proposer_sampling, self.params.format_constraint,
                                 self.world.proposer_regex)
         proposed = [Proposed(kind, group[0], refs) for (kind, refs), group in zip(specs, outputs)]
         for q in proposed:
-            read = self.world.read_proposal(q.kind, q.completion.text,
-                                            q.references[0].program if q.kind == "induction" else None)
+            read = self.world.read_proposal(q.kind, self.answer_text(q.completion),
+                                            q.references[0].program if q.kind == "induction" else None, strip)
             q.reason, q.proposal = (read, None) if isinstance(read, str) else (None, read)
+            q.formatted = not self.params.r1_zero_format or think_answer_format(q.completion.text)
         for kind in KINDS:
             readable = [q for q in proposed if q.kind == kind and q.reason is None]
             for q, validation in zip(readable, self.world.validate([q.proposal for q in readable])):
@@ -310,15 +379,23 @@ class AZR(Recipe):
             q.estimates, q.estimate_answers, q.estimate_correct = outputs, answers, correct
             q.r_propose = learnability(correct)
 
-    def solve_batch(self, new: list[Triplet], earlier: list[Triplet]) -> list[tuple[Triplet, bool]]:
-        """B solver tasks of one type (§3.3.3): this step's valid tasks, then earlier ones from the buffer."""
+    def solve_batch(self, kind: Kind, new: list[Triplet], earlier: list[Triplet]) -> list[tuple[Triplet, bool]]:
+        """B solver tasks of one type (§3.3.3): this step's valid tasks, then earlier ones from the buffer (a task
+        whose prompt is over ``max_prompt_tokens`` left out)."""
+        if self.params.max_prompt_tokens is not None:
+            new, earlier = ([t for t in tasks if self.fits(self.world.solver_prompt(kind, t, self.style))]
+                            for tasks in (new, earlier))
         b = self.params.batch_size
         return [(t, True) for t in new[:b]] + [(t, False) for t in earlier[:b - min(b, len(new))]]
 
     def solve(self, solved: list[Solved], seed: int) -> None:
-        """One rollout per solver task, its answer checked by execution."""
+        """One rollout per solver task, its answer checked by execution; r1_zero_format: an output without the
+        <think>/<answer> shape is a formatting error and not correct (the code's pred_* rewards)."""
         for s, (outputs, answers, correct) in zip(solved, self.rollouts([(s.kind, s.task) for s in solved], 1, seed)):
-            s.completion, s.answer, s.correct = outputs[0], answers[0], correct[0]
+            s.completion, s.answer = outputs[0], answers[0]
+            s.formatted = s.answer is not None and (not self.params.r1_zero_format
+                                                    or think_answer_format(s.completion.text))
+            s.correct = correct[0] and s.formatted
 
     def rollouts(self, tasks: list[tuple[Kind, Triplet]], n: int, seed: int
                  ) -> list[tuple[list[Completion], list[str | None], list[bool]]]:
@@ -326,7 +403,8 @@ class AZR(Recipe):
         prompts = [(kind, self.world.solver_prompt(kind, task, self.style)) for kind, task in tasks]
         groups = self.generate(prompts, n, seed, self.sampling, self.params.solver_format_constraint,
                                self.world.solver_regex)
-        answers = [[self.world.read_answer(kind, c.text) for c in group] for (kind, _), group in zip(tasks, groups)]
+        answers = [[self.world.read_answer(kind, self.answer_text(c)) for c in group]
+                   for (kind, _), group in zip(tasks, groups)]
         correct: list[list[bool]] = [[] for _ in tasks]
         for kind in KINDS:
             index = [i for i, (k, _) in enumerate(tasks) if k == kind]
@@ -339,14 +417,14 @@ class AZR(Recipe):
 
     def generate(self, prompts: list[tuple[Kind, str]], n: int, seed: int, sampling: SamplingParams,
                  constrained: bool, regex_of) -> list[list[Completion]]:
-        """``n`` completions per (type, message) in the policy's chat template, in one sampling call per format
-        (one in all without constrained decoding)."""
+        """``n`` completions per (type, message) as the model reads it (:meth:`format`), in one sampling call per
+        format (one in all without constrained decoding)."""
         formats: dict[str | None, list[int]] = {}
         for i, (kind, _) in enumerate(prompts):
             formats.setdefault(regex_of(kind) if constrained else None, []).append(i)
         out: list[list[Completion]] = [[] for _ in prompts]
         for j, (regex, index) in enumerate(formats.items()):
-            groups = self.sample_groups(self.policy, [self.policy.format_prompt(prompts[i][1]) for i in index], n,
+            groups = self.sample_groups(self.policy, [self.format(prompts[i][1]) for i in index], n,
                                         seed + j, replace(sampling, regex=regex))
             for i, group in zip(index, groups):
                 out[i] = group

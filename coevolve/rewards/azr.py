@@ -1,10 +1,12 @@
-"""Absolute Zero's rewards (arXiv 2505.03335, §3.1): the proposer's learnability and the format-aware composite.
+"""Absolute Zero's rewards (arXiv 2505.03335, §3.1): the proposer's learnability, the format-aware composite, and the
+``<think>``/``<answer>`` format rule of the authors' code.
 
 Small pure functions on plain values, tested against hand-computed cases (tests/rewards/test_rewards_azr.py).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 WRONG = -0.5  # Eq. 6: a well-formatted response that is wrong
@@ -37,3 +39,19 @@ def solver_reward(formatted: bool, correct: bool) -> float:
     if not formatted:
         return FORMAT_ERROR
     return 1.0 if correct else WRONG
+
+
+def think_answer_format(completion: str) -> bool:
+    """Whether a completion that follows R1-Zero's prompt (which ends in ``<think>``) is well formatted as in the
+    authors' code (``get_format_reward``, extraction ``answer_*``): the reasoning closed by ``</think>``, then
+    ``<answer>...</answer>``, from the start of the completion."""
+    return re.match(r"<think>.*?</think>\s*<answer>.*?</answer>", ("<think>" + completion).strip().strip("\"'"),
+                    re.DOTALL) is not None
+
+
+def tagged_answer(completion: str) -> str:
+    """The answer of a completion as the code reads it (``extract_answer``): the text after the last ``<answer>`` up
+    to ``</answer>``, stripped; empty when there is no ``<answer>``."""
+    if "<answer>" not in completion:
+        return ""
+    return completion.split("<answer>")[-1].split("</answer>")[0].strip()

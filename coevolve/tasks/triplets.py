@@ -28,6 +28,18 @@ Kind = Literal["deduction", "abduction", "induction"]
 # it uses a forbidden module; running it raised, returned nothing or left the world's bounds; it ran out of time or of
 # another resource (memory, output, processes); two runs disagreed.
 INVALID_REASONS = ("format", "syntax", "forbidden", "error", "timeout", "resource", "nondeterministic")
+# DeepSeek-R1-Zero's prompt template (DeepSeek-R1, arXiv 2501.12948, Table 1), as AZR's code fills it
+# (``instruction_following``): the task after "User:", the assistant's turn opened with "<think>".
+R1_ZERO_TEMPLATE = ("A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
+                    "The assistant first thinks about the reasoning process in the mind and then provides the user "
+                    "with the answer. The reasoning process and answer are enclosed within <think> </think> and "
+                    "<answer> </answer> tags, respectively, i.e., <think> reasoning process here </think> <answer> "
+                    "answer here </answer>. User: {}\nAssistant: <think>")
+
+
+def r1_zero_prompt(message: str) -> str:
+    """A task message wrapped in R1-Zero's template; the model reads it as plain text (no chat template)."""
+    return R1_ZERO_TEMPLATE.format(message)
 
 
 @dataclass(frozen=True)
