@@ -172,6 +172,10 @@ def make_world(config: RunConfig, params: AZRParams) -> ProgramWorld:
     if config.task == "program":
         from coevolve.tasks.program import TinyProgramWorld
 
+        if params.r1_zero_format:
+            raise ConfigError("config key 'params.r1_zero_format': the <think>/<answer> format is for chat models in "
+                              "the python world (task=python); the program world's model writes its compact format")
+
         return TinyProgramWorld(params.induction_inputs)
     if config.task == "python":
         from coevolve.execution import SandboxUnavailable
@@ -240,9 +244,6 @@ class AZR(Recipe):
         if config.task == "program" and self.policy.prompt_style != "compact":
             raise ConfigError("config key 'model': the program world's formats are the tiny-program model's; chat "
                               "models run azr with task=python")
-        if config.task == "program" and params.r1_zero_format:
-            raise ConfigError("config key 'params.r1_zero_format': the <think>/<answer> format is for chat models in "
-                              "the python world (task=python); the program world's model writes its compact format")
         self.trainer = self.make_trainer(self.policy, "policy")
         self.buffers = TaskBuffers(params.max_buffer)
         self.proposer_sampling = replace(self.sampling, max_new_tokens=params.proposer_max_tokens

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coevolve.rewards.azr import learnability, proposer_reward, solver_reward
+from coevolve.rewards.azr import (
+    learnability,
+    proposer_reward,
+    solver_reward,
+    tagged_answer,
+    think_answer_format,
+)
 from coevolve.rl.advantages import compute_advantages, grpo_advantages, task_relative_advantages
 
 
@@ -56,3 +62,19 @@ def test_the_codes_token_weighted_baseline():
                                task_relative_advantages([1.0, -1.0, 0.5], [0, 0, 1]), atol=1e-9)
     with pytest.raises(ValueError):
         task_relative_advantages([1.0, 0.0], [0, 0], weights=[1, 0])
+
+
+@pytest.mark.parametrize(("completion", "formatted", "answer"), [
+    # the completion follows R1-Zero's prompt, which ends in "<think>"
+    (" reason </think> <answer>```output\n3\n```</answer>", True, "```output\n3\n```"),
+    ("r</think>\n\n<answer>5</answer> trailing text", True, "5"),  # matched from the start, not to the end
+    ("reason <answer>5</answer>", False, "5"),  # no </think>: read (a proposal can join its buffer), scores -1
+    ("r</think> x <answer>5</answer>", False, "5"),  # text between the parts
+    ("r</think><answer>5", False, "5"),  # unclosed: read to the end, not well formatted
+    ("r</think><answer>1</answer><answer>2</answer>", True, "2"),  # the last <answer> counts
+    ("r</think>```output\n3\n```", False, ""),  # no tag: nothing is read
+])
+def test_the_codes_think_answer_format_and_tag_extraction(completion, formatted, answer):
+    """get_format_reward and extract_answer of the code (extraction answer_conditional) on worked examples."""
+    assert think_answer_format(completion) is formatted
+    assert tagged_answer(completion) == answer
