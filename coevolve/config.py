@@ -139,6 +139,10 @@ class TrainConfig(Strict):
         "initial", description="the KL term's reference: initial, the weights the role started the run with; "
         "phase_start, its weights at the start of each of its phases (recipes with phases), as when each phase is a "
         "new training job whose reference is the job's starting model (R-Zero's and Prism's code)")
+    entropy_coef: float = Field(0.0, description="entropy bonus: loss = pg_loss - entropy_coef * H, H the entropy "
+                                "of the policy's whole next-token distribution (at the sampling temperature) at each "
+                                "completion token, aggregated like the loss (loss_agg); verl's entropy_coeff (0.001 "
+                                "on AZR's paper branch); logged as <role>/entropy; 0: off and not computed")
     loss_agg: LossAgg = "seq_mean"
     norm_constant: int | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
     lora: LoraSettings | None = None

@@ -8,7 +8,8 @@ turns them into the gradients of the hidden states and of the head weight. Memor
 more head matmul per token, so it is used only where the whole logits would exceed a chunk (:func:`split_model`): not
 for the small models and micro-batches of a CPU run, always for a Qwen2.5 micro-batch of a few thousand tokens. The
 arithmetic is the plain path's (the head's matmul in the autocast dtype, then fp32, then ``/ temperature``, then target
-logit minus log-sum-exp), so the log-probs are the same up to summation order.
+logit minus log-sum-exp), so the log-probs are the same up to summation order. On request it also returns each token's
+entropy of the whole distribution (``train.entropy_coef``), computed and differentiated chunk by chunk as well.
 """
 
 from __future__ import annotations
@@ -69,12 +70,24 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     ``targets`` [...] token ids. The matmul runs in the autocast dtype when autocast is on (as the model's own head
     would), else in ``weight``'s dtype; ``temperature`` 0 or 1 leaves the logits unscaled.
     """
+    return _head(hidden, weight, targets, temperature, entropy=False)[0]
+
+
+def head_logprobs_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`head_logprobs` and the entropy -sum_v p_v log p_v of each token's distribution (same shape, fp32),
+    both differentiable."""
+    return _head(hidden, weight, targets, temperature, entropy=True)
+
+
+def _head(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+          entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
     device_type = hidden.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
     chunk = max(1, HEAD_CHUNK_LOGITS // weight.shape[0])
-    flat = _ChunkedHeadLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1),
-                                      temperature, dtype, chunk)
-    return flat.view(targets.shape)
+    flat, flat_entropy = _ChunkedHeadLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
+                                                    targets.reshape(-1), temperature, dtype, chunk, entropy)
+    return flat.view(targets.shape), flat_entropy.view(targets.shape) if entropy else flat_entropy
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -84,38 +97,53 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float
 
 
 class _ChunkedHeadLogprobs(torch.autograd.Function):
-    """[n] log-probs from [n, H] hidden states, chunk by chunk; backward recomputes each chunk's logits."""
+    """[n] log-probs (and, with ``entropy``, [n] entropies; else an empty tensor) from [n, H] hidden states, chunk by
+    chunk; backward recomputes each chunk's logits."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                dtype: torch.dtype, chunk: int) -> torch.Tensor:
+                dtype: torch.dtype, chunk: int, entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(dtype)
             lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
             out = torch.empty_like(lse)
+            ent = torch.empty_like(lse) if entropy else lse.new_empty(0)
             for start in range(0, hidden.shape[0], chunk):
                 rows = slice(start, start + chunk)
                 logits = _chunk_logits(hidden[rows], w, temperature)
                 lse[rows] = logits.logsumexp(-1)
                 out[rows] = logits.gather(-1, targets[rows, None])[:, 0] - lse[rows]
-        ctx.save_for_backward(hidden, weight, targets, lse)
+                if entropy:  # H = lse - sum_v p_v z_v (verl's entropy_from_logits)
+                    ent[rows] = lse[rows] - (logits - lse[rows, None]).exp_().mul_(logits).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse, ent)
         ctx.temperature, ctx.dtype, ctx.chunk = temperature, dtype, chunk
-        return out
+        ctx.set_materialize_grads(False)
+        if not entropy:
+            ctx.mark_non_differentiable(ent)
+        return out, ent
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        hidden, weight, targets, lse = ctx.saved_tensors
+    def backward(ctx, grad: torch.Tensor | None, grad_entropy: torch.Tensor | None):
+        hidden, weight, targets, lse, ent = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[:2]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros_like(weight) if need_weight else None
+        if grad is None:
+            grad = torch.zeros_like(lse)
         scaled = ctx.temperature > 0 and ctx.temperature != 1.0
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(ctx.dtype)
             for start in range(0, hidden.shape[0], ctx.chunk):
                 rows = slice(start, start + ctx.chunk)
                 g = grad[rows, None].float()
-                # d(target logit - log-sum-exp) / d logits = onehot(target) - softmax, times the incoming gradient
-                d_logits = _chunk_logits(hidden[rows], w, ctx.temperature).sub_(lse[rows, None]).exp_().mul_(-g)
+                log_p = _chunk_logits(hidden[rows], w, ctx.temperature).sub_(lse[rows, None])
+                if grad_entropy is None:
+                    # d(target logit - log-sum-exp) / d logits = onehot(target) - softmax, times the incoming gradient
+                    d_logits = log_p.exp_().mul_(-g)
+                else:
+                    # dH / d logits = -p (log p + H): with the log-prob's term, onehot * g - p (g + g_H (log p + H))
+                    p = log_p.exp()
+                    d_logits = log_p.add_(ent[rows, None]).mul_(grad_entropy[rows, None].float()).add_(g).mul_(p).neg_()
                 d_logits.scatter_add_(1, targets[rows, None], g)
                 if scaled:
                     d_logits.div_(ctx.temperature)
@@ -124,4 +152,4 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
                     grad_hidden[rows] = d_logits @ w
                 if grad_weight is not None:
                     grad_weight += d_logits.T @ hidden[rows].to(ctx.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None

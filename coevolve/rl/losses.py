@@ -7,6 +7,7 @@ Per completion token t of sequence i (INFUSER eq. 2.10, with DAPO's decoupled cl
     pg_{i,t}  = min(pg_{i,t}, -c * A_i)  for A_i < 0                     optional dual clip (c = dual_clip)
     pg_{i,t} *= w_{i,t} = min(exp(old_logp - rollout_logp), tis_cap)   truncated importance sampling, detached
     loss_{i,t} = pg_{i,t} + beta * k3_{i,t},  k3 = exp(ref - logp) - (ref - logp) - 1   (KL(pi || pi_ref), k3)
+    loss_{i,t} -= entropy_coef * H_{i,t}    H = -sum_v pi(v) log pi(v), the policy's entropy at the token (optional)
 
 then aggregated over completion tokens (``agg``):
 
@@ -25,7 +26,9 @@ exactly, so no further rescaling is needed. Passing a total that the chosen ``ag
 Leaving ``total_tokens`` unset gives a per-micro-batch token mean; averaging those over the micro-batches is what
 TRL's GRPOTrainer (OpenSIR's code) does.
 
-The TIS weight multiplies only the policy-gradient term, not the KL term (as in verl and TRL).
+The TIS weight multiplies only the policy-gradient term, not the KL or entropy term (as in verl and TRL). The entropy
+term is verl's (``policy_loss = pg_loss - entropy_coeff * agg_loss(entropy)``): aggregated like the rest, it is the
+same as adding it per token before aggregating.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ def policy_loss(
     rollout_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     beta: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
     agg: str = "seq_mean",
     norm_constant: float | None = None,
     total_tokens: float | None = None,
@@ -75,6 +80,9 @@ def policy_loss(
         ref_logprobs: [B, T] log pi_ref of a frozen reference; required when ``beta`` > 0 (with ``beta`` = 0 it
             only feeds ``stats["kl_mean"]``).
         beta: k3 KL coefficient.
+        entropy: [B, T] entropy of the policy's distribution at each token (with grad when ``entropy_coef`` is not 0);
+            required when ``entropy_coef`` is not 0 (with 0 it only feeds ``stats["entropy"]``).
+        entropy_coef: entropy bonus coefficient: ``entropy_coef * H`` is subtracted from each token's loss.
         agg: one of ``AGG_MODES``; see the module docstring.
         norm_constant: Dr.GRPO's C for ``token_sum_norm``; default mask.shape[1].
         total_tokens, total_sequences: mini-batch totals for exact gradient accumulation (module docstring).
@@ -82,7 +90,8 @@ def policy_loss(
     Returns:
         (loss, stats). ``stats`` holds python values over this call's completion tokens: ``ratio_mean``,
         ``clip_frac_low`` (rho < 1 - clip_low with A < 0), ``clip_frac_high`` (rho > 1 + clip_high with A > 0),
-        ``dual_clip_frac``, ``kl_mean`` (k3, 0 without a reference), ``tis_clip_frac`` (raw weight above the cap),
+        ``dual_clip_frac``, ``kl_mean`` (k3, 0 without a reference), ``entropy`` (mean over tokens; only when
+        ``entropy`` is given), ``tis_clip_frac`` (raw weight above the cap),
         ``tis_weight_mean``, ``rollout_ratio_mean`` / ``rollout_ratio_max`` (raw pi_old / pi_rollout over completion
         tokens, 1 without rollout log-probs: the sampler-trainer mismatch), ``n_tokens``, ``n_sequences`` and
         ``nonfinite``: True when a masked input value, a
@@ -101,6 +110,10 @@ def policy_loss(
             raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(logprobs.shape)}")
     if beta > 0.0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs")
+    if entropy is not None and entropy.shape != logprobs.shape:
+        raise ValueError(f"entropy has shape {tuple(entropy.shape)}, expected {tuple(logprobs.shape)}")
+    if entropy_coef != 0.0 and entropy is None:
+        raise ValueError("entropy_coef != 0 needs entropy")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     use_tis = tis_cap is not None and rollout_logprobs is not None
@@ -110,7 +123,7 @@ def policy_loss(
         advantages = advantages.unsqueeze(1)
     adv_in = advantages.detach().to(logprobs.dtype).expand_as(logprobs)
     inputs = [logprobs, old_logprobs, adv_in]
-    inputs += [x for x in (rollout_logprobs if use_tis else None, ref_logprobs) if x is not None]
+    inputs += [x for x in (rollout_logprobs if use_tis else None, ref_logprobs, entropy) if x is not None]
 
     # Padding positions may hold anything (even inf); torch.where keeps them out of the loss and out of the gradient.
     def masked(x: torch.Tensor) -> torch.Tensor:
@@ -135,6 +148,8 @@ def policy_loss(
         kl = k3_kl(logp, masked(ref_logprobs.detach()))
         if beta != 0.0:
             loss_tok = loss_tok + beta * kl
+    if entropy_coef != 0.0:
+        loss_tok = loss_tok - entropy_coef * masked(entropy)
 
     mf = m.to(logprobs.dtype)
     n_seq = float(total_sequences) if total_sequences is not None else float(logprobs.shape[0])
@@ -168,6 +183,7 @@ def policy_loss(
             "clip_frac_high": frac((ratio > 1.0 + clip_high) & (adv > 0)),
             "dual_clip_frac": frac(dual_active) if dual_clip is not None else 0.0,
             "kl_mean": mean(kl) if ref_logprobs is not None else 0.0,
+            **({"entropy": mean(masked(entropy.detach()))} if entropy is not None else {}),
             "tis_clip_frac": frac(raw_w > tis_cap) if use_tis else 0.0,
             "tis_weight_mean": mean(weight) if use_tis else 1.0,
             "rollout_ratio_mean": mean(raw_w) if rollout_logprobs is not None else 1.0,

@@ -57,6 +57,7 @@ class UpdateSettings:
     tis_cap: float | None = None
     kl_beta: float = 0.0
     kl_reference: KlReference = "initial"  # phase_start: the KL reference moves to the weights at each phase start
+    entropy_coef: float = 0.0  # loss = pg_loss - entropy_coef * entropy (verl's entropy_coeff); 0: not computed
     loss_agg: LossAgg = "seq_mean"  # seq_mean (GRPO) | token_sum_norm (Dr.GRPO) | token_mean (DAPO)
     norm_constant: int | None = None  # Dr.GRPO's C; defaults to max_new_tokens
     temperature: float = 1.0  # sampling temperature: log-probs are taken under logits / temperature
@@ -113,15 +114,23 @@ def sequence_logprobs(model, samples: Sequence[TrainSample], pad_id: int,
     one row when the model takes a 4D attention mask (:func:`packed_logprobs`); otherwise left-padded
     (:func:`padded_logprobs`).
     """
+    logprobs, mask, _ = completion_logprobs(model, samples, pad_id, temperature, entropy=False)
+    return logprobs, mask
+
+
+def completion_logprobs(model, samples: Sequence[TrainSample], pad_id: int, temperature: float,
+                        entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`sequence_logprobs` and, with ``entropy``, the [B, T] entropy of the policy's whole distribution
+    (at ``temperature``) at each completion token, differentiable; else None."""
     width = max(len(s.completion_ids) for s in samples)
     device = next(model.parameters()).device
     if packs(model, samples):
-        logprobs = packed_logprobs(model, samples, width, temperature)
+        logprobs, entropies = packed_logprobs(model, samples, width, temperature, entropy)
     else:
-        logprobs = padded_logprobs(model, samples, pad_id, width, temperature)
+        logprobs, entropies = padded_logprobs(model, samples, pad_id, width, temperature, entropy)
     lengths = torch.tensor([len(s.completion_ids) for s in samples])
     mask, = _to_device(device, (torch.arange(width) >= width - lengths[:, None]).to(logprobs.dtype))
-    return logprobs, mask
+    return logprobs, mask, entropies
 
 
 def _to_device(device: torch.device, *tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -150,39 +159,50 @@ def _packs(model, packed_tokens: int, longest: int) -> bool:
     return takes_4d_mask(model) and packed_tokens <= PACK_MAX_TOKENS and not (window and longest > window)
 
 
-def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                    entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    return logits.gather(-1, targets[..., None])[..., 0] - logits.logsumexp(-1)
+    lse = logits.logsumexp(-1)
+    logprobs = logits.gather(-1, targets[..., None])[..., 0] - lse
+    if not entropy:
+        return logprobs, None
+    return logprobs, lse - (logits.softmax(-1) * logits).sum(-1)  # H = lse - sum_v p_v z_v (verl's formula)
 
 
 def _logprobs_at(model, inputs: dict[str, torch.Tensor], keep: torch.Tensor, targets: torch.Tensor,
-                 temperature: float) -> torch.Tensor:
+                 temperature: float, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[B, K] log-probs of ``targets`` [B, K] under the logits at sequence positions ``keep`` [K] of one pass over
-    ``inputs``: through the chunked head where it applies (:mod:`coevolve.rl.logprob_head`), else from the model's
-    own logits at those positions (transformers' ``logits_to_keep``)."""
+    ``inputs``, and with ``entropy`` the [B, K] entropies of those distributions (else None): through the chunked
+    head where it applies (:mod:`coevolve.rl.logprob_head`), else from the model's own logits at those positions
+    (transformers' ``logits_to_keep``)."""
     split = logprob_head.split_model(model, targets.numel())
     if split is None:
         logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits
-        return _token_logprobs(logits, targets, temperature)
+        return _token_logprobs(logits, targets, temperature, entropy)
     hidden = split.body(**inputs, use_cache=False).last_hidden_state
-    return logprob_head.head_logprobs(hidden[:, keep], split.head.weight, targets, temperature)
+    if entropy:
+        return logprob_head.head_logprobs_entropy(hidden[:, keep], split.head.weight, targets, temperature)
+    return logprob_head.head_logprobs(hidden[:, keep], split.head.weight, targets, temperature), None
 
 
-def padded_logprobs(model, samples: Sequence[TrainSample], pad_id: int, width: int,
-                    temperature: float) -> torch.Tensor:
-    """[B, width] log-probs with prompt + completion left-padded together (completions end at the right edge)."""
+def padded_logprobs(model, samples: Sequence[TrainSample], pad_id: int, width: int, temperature: float,
+                    entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[B, width] log-probs (and entropies, or None) with prompt + completion left-padded together (completions end
+    at the right edge)."""
     device = next(model.parameters()).device
     ids, attention = left_pad([s.prompt_ids + s.completion_ids for s in samples], pad_id)
     keep = torch.arange(ids.shape[1] - width - 1, ids.shape[1] - 1)  # the positions predicting the last width tokens
     ids, attention, keep = _to_device(device, ids, attention, keep)
     inputs = {"input_ids": ids, "attention_mask": attention, "position_ids": position_ids_from_mask(attention)}
-    return _logprobs_at(model, inputs, keep, ids[:, -width:], temperature)
+    return _logprobs_at(model, inputs, keep, ids[:, -width:], temperature, entropy)
 
 
-def packed_logprobs(model, samples: Sequence[TrainSample], width: int, temperature: float) -> torch.Tensor:
-    """[B, width] log-probs from one packed row: each distinct prompt once, followed by its samples' completions.
+def packed_logprobs(model, samples: Sequence[TrainSample], width: int, temperature: float,
+                    entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[B, width] log-probs (and entropies, or None) from one packed row: each distinct prompt once, followed by its
+    samples' completions.
 
     The additive 4D mask lets a prompt token see its prompt causally and a completion token its prompt and its own
     completion causally; positions restart per sequence. Every token so gets the values it gets alone, with no
@@ -225,9 +245,11 @@ def packed_logprobs(model, samples: Sequence[TrainSample], width: int, temperatu
                & ((sample_t[None, :] == -1) | (sample_t[:, None] == sample_t[None, :])))
     mask = torch.zeros(len(ids), len(ids), dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
     inputs = {"input_ids": ids_t[None], "attention_mask": mask[None, None], "position_ids": positions_t[None]}
-    flat = _logprobs_at(model, inputs, predictors_t, targets_t[None], temperature)[0]
+    flat, flat_entropy = _logprobs_at(model, inputs, predictors_t, targets_t[None], temperature, entropy)
     out = torch.zeros(len(samples), width, dtype=flat.dtype, device=device)
-    return out.index_put((rows_t, cols_t), flat)
+    if flat_entropy is None:
+        return out.index_put((rows_t, cols_t), flat[0]), None
+    return out.index_put((rows_t, cols_t), flat[0]), out.index_put((rows_t, cols_t), flat_entropy[0])
 
 
 def _right_aligned(values: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -469,13 +491,15 @@ class PolicyTrainer:
             rows, advantages = _to_device(self.device, torch.tensor(idx),
                                           torch.tensor([s.advantage for s in part], dtype=torch.float32))
             with self._autocast():
-                logprobs, mask = sequence_logprobs(self.model, part, self.pad_id, st.temperature)
+                logprobs, mask, entropy = completion_logprobs(self.model, part, self.pad_id, st.temperature,
+                                                              entropy=st.entropy_coef != 0)
             cols = slice(width - logprobs.shape[1], width)
             loss, stats = policy_loss(
                 logprobs, logprobs.detach() if old is None else old[rows, cols], advantages, mask,
                 clip_low=st.clip_low, clip_high=st.clip_high, dual_clip=st.dual_clip, tis_cap=st.tis_cap,
                 rollout_logprobs=rollout[rows, cols],
                 ref_logprobs=ref[rows, cols] if ref is not None else None, beta=st.kl_beta,
+                entropy=entropy, entropy_coef=st.entropy_coef,
                 agg=st.loss_agg, norm_constant=st.norm_constant, **agg_totals,
             )
             if stats["nonfinite"]:  # the loss's own finiteness included

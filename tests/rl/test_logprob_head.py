@@ -10,7 +10,7 @@ from helpers import random_samples
 
 from coevolve.rl import logprob_head
 from coevolve.rl import trainer as trainer_module
-from coevolve.rl.trainer import TrainSample, sequence_logprobs
+from coevolve.rl.trainer import TrainSample, completion_logprobs, sequence_logprobs
 
 VOCAB = 300
 
@@ -120,3 +120,27 @@ def test_gpu_passes_default_to_a_token_budget_only_where_the_head_runs_in_chunks
     assert budget([], random_policy.model, on_cuda=False) is None
     assert budget([], gpt2, on_cuda=True) is None
     assert budget(["train.micro_batch_tokens=512"], random_policy.model, on_cuda=True) == 512
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_chunked_entropy_equals_the_plain_heads_entropy_and_its_gradient(packed, monkeypatch):
+    """train.entropy_coef's entropies (temperature 0.7) through 4-token chunks: the plain head's values, and the
+    gradient of a weighted sum of log-probs and entropies is the plain head's."""
+    monkeypatch.setattr(trainer_module, "packs", lambda model, samples: packed)
+    model, samples = _qwen2(), _samples(VOCAB)
+
+    def run(chunk_logits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        monkeypatch.setattr(logprob_head, "HEAD_CHUNK_LOGITS", chunk_logits)
+        model.zero_grad(set_to_none=True)
+        logprobs, mask, entropy = completion_logprobs(model, samples, 0, 0.7, entropy=True)
+        weights = torch.linspace(-1, 1, logprobs.shape[1])
+        ((logprobs * weights + entropy * weights.flip(0)) * mask).sum().backward()
+        return (logprobs * mask).detach(), (entropy * mask).detach(), torch.cat([p.grad.flatten()
+                                                                               for p in model.parameters()])
+
+    plain, chunked = run(0), run(4 * VOCAB)
+    assert float(plain[1].max()) > 1.0  # near-uniform over 300 entries: up to log 300 = 5.7
+    for a, b in zip(chunked, plain):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    logprobs_only = completion_logprobs(model, samples, 0, 0.7, entropy=False)
+    assert logprobs_only[2] is None and torch.equal(logprobs_only[0] * logprobs_only[1], chunked[0])

@@ -250,3 +250,35 @@ def test_argument_validation():
         policy_loss(_logp(), OLD, ADV, MASK, tis_cap=2.0, rollout_logprobs=OLD[:1])
     with pytest.raises(ValueError, match="dual_clip"):
         policy_loss(_logp(), OLD, ADV, MASK, dual_clip=0.5)
+
+
+# Entropies per token (position 2 of seq 1 is padding and holds a value that must not count).
+ENTROPY = torch.tensor([[1.0, 2.0, 0.5], [3.0, 1.5, 99.0]], dtype=torch.float64)
+# entropy_coef 0.1 subtracts 0.1 * H per token: seq 0 sum -0.35, seq 1 sum -0.45 (over its two tokens)
+#   seq_mean:       0.0416667 + (-0.35/3 - 0.45/2) / 2 = 0.0416667 - 0.1708333 = -0.1291667
+#   token_sum_norm: -0.1333333 + (-0.35/3 - 0.45/3) / 2 = -0.1333333 - 0.1333333 = -0.2666667
+#   token_mean:     -0.16 + (-0.35 - 0.45) / 5 = -0.16 - 0.16 = -0.32
+WITH_ENTROPY = {"seq_mean": -0.1291667, "token_sum_norm": -0.2666667, "token_mean": -0.32}
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_entropy_bonus_is_subtracted_with_the_loss_aggregation(agg):
+    entropy = ENTROPY.clone().requires_grad_(True)
+    loss, stats = policy_loss(_logp(), OLD, ADV, MASK, agg=agg, entropy=entropy, entropy_coef=0.1)
+    assert loss.item() == pytest.approx(WITH_ENTROPY[agg], abs=1e-6)
+    assert stats["entropy"] == pytest.approx((1.0 + 2.0 + 0.5 + 3.0 + 1.5) / 5)  # token mean, padding left out
+    loss.backward()  # d loss / d H = -0.1 per token, weighted as the aggregation weighs it; 0 on padding
+    weight = {"seq_mean": [[1 / 6] * 3, [1 / 4, 1 / 4, 0.0]], "token_sum_norm": [[1 / 6] * 3, [1 / 6, 1 / 6, 0.0]],
+              "token_mean": [[1 / 5] * 3, [1 / 5, 1 / 5, 0.0]]}[agg]
+    torch.testing.assert_close(entropy.grad, -0.1 * torch.tensor(weight, dtype=torch.float64), atol=1e-9, rtol=0)
+
+
+def test_entropy_coef_zero_leaves_the_loss_bit_identical_and_only_reports_the_entropy():
+    plain, plain_stats = policy_loss(_logp(), OLD, ADV, MASK, agg="token_mean")
+    given, stats = policy_loss(_logp(), OLD, ADV, MASK, agg="token_mean", entropy=ENTROPY, entropy_coef=0.0)
+    assert torch.equal(given, plain) and "entropy" not in plain_stats and stats["entropy"] == pytest.approx(1.6)
+    with pytest.raises(ValueError, match="needs entropy"):
+        policy_loss(_logp(), OLD, ADV, MASK, entropy_coef=0.01)
+    bad = ENTROPY.clone()
+    bad[0, 1] = math.nan
+    assert policy_loss(_logp(), OLD, ADV, MASK, entropy=bad, entropy_coef=0.01)[1]["nonfinite"] is True

@@ -1,5 +1,5 @@
 """PolicyTrainer.update against the loss built by hand on the same batch: what the KL term, the TIS weights, the
-sampling temperature, gradient clipping and each clip bound do to the gradient."""
+sampling temperature, gradient clipping, each clip bound and the entropy bonus do to the gradient."""
 
 from __future__ import annotations
 
@@ -24,22 +24,29 @@ def batch(policy) -> list[TrainSample]:
 
 def hand_logprobs(model, samples: list[TrainSample], temperature: float) -> list[torch.Tensor]:
     """Each completion's token log-probs from one unpadded forward pass per sequence, at ``temperature``."""
+    return [lp for lp, _ in hand_logprobs_entropy(model, samples, temperature)]
+
+
+def hand_logprobs_entropy(model, samples: list[TrainSample],
+                          temperature: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each completion's token log-probs and entropies -sum_v p_v log p_v of the whole next-token distribution."""
     out = []
     for s in samples:
         logits = model(input_ids=torch.tensor([s.prompt_ids + s.completion_ids])).logits[0].float() / temperature
-        predicting = logits[len(s.prompt_ids) - 1:-1]
-        out.append(predicting.log_softmax(-1).gather(-1, torch.tensor(s.completion_ids)[:, None])[:, 0])
+        log_p = logits[len(s.prompt_ids) - 1:-1].log_softmax(-1)
+        out.append((log_p.gather(-1, torch.tensor(s.completion_ids)[:, None])[:, 0], -(log_p.exp() * log_p).sum(-1)))
     return out
 
 
 def hand_gradient(model, samples: list[TrainSample], *, old: list[torch.Tensor], temperature: float = 1.0,
                   clip: tuple[float, float] = (0.2, 0.2), ref: list[torch.Tensor] | None = None, beta: float = 0.0,
-                  rollout: list[torch.Tensor] | None = None, tis_cap: float | None = None) -> torch.Tensor:
+                  rollout: list[torch.Tensor] | None = None, tis_cap: float | None = None,
+                  entropy_coef: float = 0.0) -> torch.Tensor:
     """The flat gradient of the GRPO loss written out: per token -min(rho A, clip(rho) A), times min(pi_old /
-    pi_rollout, cap), plus beta k3; mean over each sequence's tokens, then over sequences."""
+    pi_rollout, cap), plus beta k3, minus entropy_coef H; mean over each sequence's tokens, then over sequences."""
     model.zero_grad(set_to_none=True)
     per_sequence = []
-    for i, (s, logp) in enumerate(zip(samples, hand_logprobs(model, samples, temperature))):
+    for i, (s, (logp, entropy)) in enumerate(zip(samples, hand_logprobs_entropy(model, samples, temperature))):
         ratio = torch.exp(logp - old[i])
         token = -torch.minimum(ratio * s.advantage, ratio.clamp(1 - clip[0], 1 + clip[1]) * s.advantage)
         if tis_cap is not None:
@@ -47,6 +54,8 @@ def hand_gradient(model, samples: list[TrainSample], *, old: list[torch.Tensor],
         if beta:
             d = ref[i] - logp
             token = token + beta * (torch.exp(d) - d - 1)
+        if entropy_coef:
+            token = token - entropy_coef * entropy
         per_sequence.append(token.mean())
     torch.stack(per_sequence).mean().backward()
     return torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -117,3 +126,38 @@ def test_each_clip_bound_acts_on_its_own_side(random_policy):
     for other in ((high, low), (1.0, 1e9)):  # swapped bounds; no clipping at all
         assert float((hand_gradient(one, samples, old=old, clip=other) - expected).norm()) > 0.05 * norm, other
     torch.testing.assert_close(trained_gradient(two), expected, rtol=0, atol=1e-4 * norm)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_entropy_bonus_reaches_the_step_as_the_formula_says(random_policy, packed, monkeypatch):
+    """entropy_coef 0.5 at temperature 0.7 over two epochs (the second step's pi_old differs from pi): the trainer's
+    gradient is the hand-written loss minus 0.5 x each token's entropy, and it logs the token-mean entropy."""
+    from coevolve.rl import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "packs", lambda model, samples: packed)
+    base, temperature, coef = random_policy.model, 0.7, 0.5
+    samples = batch(random_policy)
+    settings = dict(lr=1e-2, temperature=temperature, grad_clip=0.0, micro_batch_size=3, entropy_coef=coef)
+    two = copy.deepcopy(base)
+    stats = PolicyTrainer(two, random_policy.tokenizer, UpdateSettings(epochs=2, **settings)).update(samples)
+    one = copy.deepcopy(base)
+    PolicyTrainer(one, random_policy.tokenizer, UpdateSettings(epochs=1, **settings)).update(samples)
+    with torch.no_grad():
+        old = hand_logprobs(base, samples, temperature)
+        first = hand_logprobs_entropy(base, samples, temperature)
+        second = hand_logprobs_entropy(one, samples, temperature)
+    expected = hand_gradient(one, samples, old=old, temperature=temperature, entropy_coef=coef)
+    norm = float(expected.norm())
+    without = hand_gradient(one, samples, old=old, temperature=temperature)
+    assert float((without - expected).norm()) > 0.05 * norm  # the bonus matters here
+    torch.testing.assert_close(trained_gradient(two), expected, rtol=0, atol=1e-4 * norm)
+    tokens = sum(len(s.completion_ids) for s in samples)
+    mean_entropy = [float(sum(h.sum() for _, h in step)) / tokens for step in (first, second)]
+    assert stats["entropy"] == pytest.approx(sum(mean_entropy) / 2, rel=1e-5)  # the mean over the two steps
+
+
+def test_entropy_coef_zero_computes_no_entropy(random_policy):
+    samples = batch(random_policy)
+    stats = PolicyTrainer(copy.deepcopy(random_policy.model), random_policy.tokenizer,
+                          UpdateSettings(lr=1e-3)).update(samples)
+    assert "entropy" not in stats and stats["optimizer_steps"] == 1
