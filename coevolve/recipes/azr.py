@@ -228,7 +228,7 @@ class AZR(Recipe):
             "rollout": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8096},
             "train": {"lr": 1e-6, "weight_decay": 0.01, "lr_schedule": "constant", "loss_agg": "token_mean",
                       "clip_low": 0.2, "clip_high": 0.2, "dual_clip": None, "grad_clip": 1.0, "kl_beta": 0.0,
-                      "mini_batch_size": 128, "epochs": 1},
+                      "entropy_coef": 0.001, "mini_batch_size": 128, "epochs": 1},
             "params": {"batch_size": 64, "references": 6, "learnability_samples": 8, "induction_inputs": 10,
                        "seed_batch_factor": 4, "max_buffer": 16384, "execution_timeout_s": 10.0,
                        "trivial_task_reward": -0.5, "token_weighted_baseline": True, "r1_zero_format": True,

@@ -24,7 +24,7 @@ def test_reference_code_preset_is_the_paper_branch_row_by_row():
         "weight_decay (AdamW default 1e-2)": (train.weight_decay, 0.01),
         "symmetric clip 0.2": ((train.clip_low, train.clip_high), (0.2, 0.2)), "no dual clip": (train.dual_clip, None),
         "token-mean loss": (train.loss_agg, "token_mean"), "grad clip": (train.grad_clip, 1.0),
-        "no KL": (train.kl_beta, 0.0), "mini-batch": (train.mini_batch_size, 128), "PPO epochs": (train.epochs, 1),
+        "no KL": (train.kl_beta, 0.0), "entropy bonus": (train.entropy_coef, 0.001), "mini-batch": (train.mini_batch_size, 128), "PPO epochs": (train.epochs, 1),
         "temperature, top-p": ((rollout.temperature, rollout.top_p), (1.0, 1.0)),
         "response length": (rollout.max_new_tokens, 8096),
         "B": (params.batch_size, 64), "K (io_n)": (params.references, 6), "n": (params.learnability_samples, 8),
