@@ -331,7 +331,7 @@ will see half of your inputs with their outputs and your message, and must write
 outputs for the other half. The message may describe the task in words, but must not contain the code.
 
 ### Requirements
-- Each input is the arguments of `f`, separated by commas; {arguments}
+- Each input is the arguments of `f`, separated by commas{arguments}
 - Put each input in its own ```input block, and the message in one ```message block
 
 ### Format
@@ -371,7 +371,7 @@ the value
 """,
     "abduction": """# Task: find an input of a Python program that gives an output
 Given the program and the output below, reason step by step, then give one input for which `f` returns that output,
-in an ```input block: the arguments of `f` as Python literals, separated by commas.
+in an ```input block: the arguments of `f`{arguments}, separated by commas.
 
 # Program
 ```python
@@ -411,8 +411,12 @@ def f(...):
 
 _FUNCTIONS = {False: "it may define helper functions inside it",
               True: "it is the only function: no helper, nested function or method"}
-_ARGUMENT_RULE = {False: "every argument is a Python literal (quote strings)",
-                  True: "any Python expressions, keyword arguments allowed (quote strings)"}
+# how inputs are written, in the proposer's rules, the induction proposer's and the abduction solver's prompts
+_ARGUMENT_RULES = {False: ("Every argument is a Python literal (quote strings)",
+                           ", every argument a Python literal (quote strings)", " as Python literals"),
+                   True: ("Arguments may be any Python expressions, keyword arguments included (quote strings)",
+                          ", any Python expressions, keyword arguments included (quote strings)",
+                          " (any Python expressions, keyword arguments included)")}
 
 
 def _snippets(references: Sequence[Triplet]) -> str:
@@ -436,11 +440,11 @@ class PythonWorld(ProgramWorld):
         return Triplet(SEED_PROGRAM, ('"Hello world"',), ("'Hello world'",))
 
     def proposer_prompt(self, kind, references, style):
-        arguments = _ARGUMENT_RULE[self.rules.expression_inputs]
+        proposer, induction, _ = _ARGUMENT_RULES[self.rules.expression_inputs]
         if kind == "induction":
-            return _PROPOSE_INDUCTION.format(n=self.n_inputs, program=references[0].program, arguments=arguments)
+            return _PROPOSE_INDUCTION.format(n=self.n_inputs, program=references[0].program, arguments=induction)
         rules = _RULES.format(timeout=int(self.executor.limits.wall_seconds), forbidden=", ".join(FORBIDDEN),
-                              functions=_FUNCTIONS[self.rules.single_function], arguments=arguments)
+                              functions=_FUNCTIONS[self.rules.single_function], arguments=proposer)
         return _PROPOSE[kind] + rules + "\n### Reference programs\n" + _snippets(references)
 
     def read_proposal(self, kind, text, program=None, strip=False):
@@ -502,7 +506,8 @@ class PythonWorld(ProgramWorld):
         if kind == "induction":
             pairs = "\n".join(f"```input\n{i}\n```\n```output\n{o}\n```" for i, o in task.given)
             return _SOLVE[kind].format(pairs=pairs, message=task.message)
-        return _SOLVE[kind].format(program=task.program, input=task.inputs[0], output=task.outputs[0])
+        return _SOLVE[kind].format(program=task.program, input=task.inputs[0], output=task.outputs[0],
+                                   arguments=_ARGUMENT_RULES[self.rules.expression_inputs][2])
 
     def read_answer(self, kind, text):
         return _read_answer(text, kind)

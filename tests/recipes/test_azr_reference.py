@@ -5,6 +5,8 @@ shape, a valid proposal without it still buffered)."""
 
 from __future__ import annotations
 
+import random
+
 import helpers
 import pytest
 from helpers import records
@@ -24,7 +26,8 @@ def test_reference_code_preset_is_the_paper_branch_row_by_row():
         "weight_decay (AdamW default 1e-2)": (train.weight_decay, 0.01),
         "symmetric clip 0.2": ((train.clip_low, train.clip_high), (0.2, 0.2)), "no dual clip": (train.dual_clip, None),
         "token-mean loss": (train.loss_agg, "token_mean"), "grad clip": (train.grad_clip, 1.0),
-        "no KL": (train.kl_beta, 0.0), "entropy bonus": (train.entropy_coef, 0.001), "mini-batch": (train.mini_batch_size, 128), "PPO epochs": (train.epochs, 1),
+        "no KL": (train.kl_beta, 0.0), "entropy bonus": (train.entropy_coef, 0.001),
+        "mini-batch": (train.mini_batch_size, 128), "PPO epochs": (train.epochs, 1),
         "temperature, top-p": ((rollout.temperature, rollout.top_p), (1.0, 1.0)),
         "response length": (rollout.max_new_tokens, 8096),
         "B": (params.batch_size, 64), "K (io_n)": (params.references, 6), "n": (params.learnability_samples, 8),
@@ -120,3 +123,32 @@ def test_the_program_world_refuses_the_r1_zero_format():
     cfg, params, _ = resolve("azr", preset="small", sets=["params.r1_zero_format=true"])
     with pytest.raises(ConfigError, match="params.r1_zero_format"):
         make_world(cfg, params)  # before any model loads
+
+
+def test_prompts_over_the_token_limit_are_left_out(random_model_dir):
+    """max_prompt_tokens (the code's prompt-length filters): a solver task whose prompt is too long leaves the batch,
+    a proposer draws other references."""
+    from coevolve.rollout.hf import encode_prompt
+    from coevolve.tasks.triplets import Triplet
+
+    short = Triplet("def f(a):\n    return a", ("1",), ("1",))
+    long = Triplet("def f(a):\n    return a" + " + 0" * 200, ("1",), ("1",))
+    recipe = helpers.make_recipe("azr", random_model_dir, "task=python", "params.execution_workers=1",
+                                 "params.task_types=[deduction]", "params.references=1", "params.batch_size=2",
+                                 f"params.unconfined_execution={str(sandbox_problem() is not None).lower()}")
+    try:
+        def tokens(task, solver=True):
+            message = (recipe.world.solver_prompt("deduction", task, "chat") if solver
+                       else recipe.world.proposer_prompt("deduction", [task], "chat"))
+            return len(encode_prompt(recipe.policy.tokenizer, recipe.format(message)))
+
+        assert recipe.solve_batch("deduction", [long, short], [long, short]) == [(long, True), (short, True)]
+        recipe.params.max_prompt_tokens = tokens(short)
+        assert tokens(long) > tokens(short)
+        assert recipe.solve_batch("deduction", [long, short], [long, short]) == [(short, True), (short, False)]
+        recipe.params.max_prompt_tokens = tokens(short, solver=False)
+        recipe.buffers.add("deduction", [long, short], 0)
+        rng = random.Random(0)
+        assert all(recipe.references("deduction", rng) == [short] for _ in range(10))
+    finally:
+        recipe.world.close()

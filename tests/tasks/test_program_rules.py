@@ -112,3 +112,13 @@ def test_seed_programs_are_stripped_of_comments_docstrings_and_top_level_code(wo
     read = w.read_proposal("deduction", fenced(program.replace("LIMIT)", "2)"), "9"), strip=True)
     assert read.program == "import math\ndef f(x):\n    return round(math.sqrt(x), 2)"
     assert w.read_proposal("deduction", fenced(program, "9")).program == program  # not seeding: as written
+
+
+def test_prompts_state_the_rules_in_force(world):
+    """The proposer's and abduction solver's prompts say what the rules accept (coevolve's wording unchanged)."""
+    t = Triplet("def f(a):\n    return a", ("1",), ("1",))
+    default, code = (world[name].proposer_prompt("deduction", [t], "chat") for name in ("default", "code"))
+    assert "it may define helper functions inside it" in default and "Every argument is a Python literal" in default
+    assert "it is the only function" in code and "keyword arguments included" in code
+    assert "keyword arguments included" in world["code"].solver_prompt("abduction", t, "chat")
+    assert "as Python literals" in world["default"].solver_prompt("abduction", t, "chat")
