@@ -18,7 +18,8 @@ Solve phase
     4. per type, B tasks: this step's valid ones, then earlier ones drawn from the buffer; one rollout each;
        r_solve = 1 if the answer checks by execution (Eq. 5, §3.3.4).
 Update
-    5. format-aware rewards: r_role if passable, -0.5 if wrong but well formatted, -1 if malformed (Eq. 6);
+    5. format-aware rewards: r_role if passable, -0.5 if wrong but well formatted, -1 if malformed (Eq. 6; with
+       params.r1_zero_format, malformed includes an output without the code's <think>/<answer> shape);
     6. Task-Relative REINFORCE++: one baseline per (task type, role), six in all (Eq. 8);
     7. one policy update on all proposer and solver sequences.
 
@@ -33,7 +34,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from coevolve.config import ConfigError, RunConfig
 from coevolve.recipes.base import (
@@ -125,6 +126,13 @@ class AZRParams(RecipeParams):
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"task types repeat: {kinds}")
         return [kind for kind in KINDS if kind in kinds]  # the paper's order
+
+    @model_validator(mode="after")
+    def _one_format(self) -> AZRParams:
+        if self.r1_zero_format and (self.format_constraint or self.solver_format_constraint):
+            raise ValueError("params.r1_zero_format needs the <think>/<answer> tags, which the constrained formats "
+                             "(format_constraint, solver_format_constraint) do not write; turn one of them off")
+        return self
 
     def rules(self) -> Rules:
         """The python world's validity rules these params choose."""

@@ -152,3 +152,10 @@ def test_prompts_over_the_token_limit_are_left_out(random_model_dir):
         assert all(recipe.references("deduction", rng) == [short] for _ in range(10))
     finally:
         recipe.world.close()
+
+
+def test_the_r1_zero_format_refuses_the_constrained_formats():
+    from coevolve.config import ConfigError
+
+    with pytest.raises(ConfigError, match="r1_zero_format needs the <think>/<answer> tags"):
+        resolve("azr", preset="reference_code", sets=["params.solver_format_constraint=true"])
