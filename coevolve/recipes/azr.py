@@ -226,7 +226,7 @@ class AZR(Recipe):
             "model": "smollm2-135m", "task": "python", "steps": 500, "eval_sets": [],
             "rollout": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8096},
             "train": {"lr": 1e-6, "loss_agg": "token_mean", "clip_low": 0.2, "clip_high": 0.28, "grad_clip": 1.0,
-                      "kl_beta": 0.0, "mini_batch_size": 128, "epochs": 1},
+                      "kl_beta": 0.0, "entropy_coef": 0.001, "mini_batch_size": 128, "epochs": 1},
             "params": {"batch_size": 64, "references": 6, "learnability_samples": 8, "induction_inputs": 10,
                        "seed_batch_factor": 4, "max_buffer": 16384, "execution_timeout_s": 10.0},
         },

@@ -25,7 +25,8 @@ AZR_RUN = ["run", "azr", "--preset", "small", "--quiet", "--set", "steps=3", "--
 
 def test_presets_follow_the_paper_and_the_small_world():
     cfg, params, _ = resolve("azr", preset="paper")
-    assert (cfg.task, cfg.train.lr, cfg.train.kl_beta, cfg.train.mini_batch_size) == ("python", 1e-6, 0.0, 128)
+    assert (cfg.task, cfg.train.lr, cfg.train.kl_beta, cfg.train.mini_batch_size, cfg.train.entropy_coef) == (
+        "python", 1e-6, 0.0, 128, 0.001)  # Table 3
     assert (params.batch_size, params.references, params.learnability_samples, params.induction_inputs,
             params.seed_batch_factor, params.max_buffer) == (64, 6, 8, 10, 4, 16384)
     cfg, params, _ = resolve("azr", preset="small")
