@@ -480,16 +480,17 @@ class PythonWorld(ProgramWorld):
         """A run's value (the repr the helper's result came back as) as an output's text under the rules, or None when
         it is not one: NOT_A_LITERAL, None (unless any_output), too long (unless cut to ``output_chars``)."""
         ok, value = read_value(raw, limit=None)
-        return self.shown(value) if ok else None
+        return self.shown(value, raw) if ok else None
 
-    def shown(self, value: Any) -> str | None:
-        """The output text of a value the helper returned (see :meth:`output`)."""
+    def shown(self, value: Any, raw: str | None = None) -> str | None:
+        """The output text of a value the helper returned (see :meth:`output`): the sandbox's repr ``raw`` of a plain
+        value when given (its text does not depend on this process's string hashing), else its repr here."""
         if isinstance(value, tuple) and len(value) == 2 and value[0] == SHOWN and isinstance(value[1], str):
             text = value[1].strip() if self.rules.any_output else None
         elif isinstance(value, str) and value == NOT_A_LITERAL or value is None and not self.rules.any_output:
             text = None
         else:
-            text = repr(value)
+            text = raw if raw is not None else repr(value)
         if text is None or self.rules.output_chars is not None:
             return text if text is None else truncate(text, self.rules.output_chars)
         return text if len(text) <= MAX_VALUE_CHARS else None
