@@ -118,7 +118,8 @@ class AZRParams(RecipeParams):
                                       "(code's seeding scripts: remove_comments, remove_after_return)")
     max_prompt_tokens: int | None = Field(None, gt=0, description="drop a prompt longer than this many tokens, as "
                                           "formatted for the model: a proposer draws other references, a solver task "
-                                          "is left out of the batch (code: content_max_length 8096)")
+                                          "is left out of the batch (code: content_max_length 8096, then "
+                                          "data.max_prompt_length 6144, which binds)")
 
     @field_validator("task_types")
     @classmethod
