@@ -135,6 +135,9 @@ class TrainConfig(Strict):
                                   "rollouts are not sampled from the trained weights (vllm, a bf16 sampler copy, "
                                   "constrained decoding), off otherwise")
     kl_beta: float = Field(0.0, ge=0)
+    kl_clamp: float | None = Field(None, gt=0, description="each token's k3 KL estimate clamped to [-kl_clamp, "
+                                   "kl_clamp] before it enters the loss (verl's low_var_kl clamps to 10; TTRL's "
+                                   "code uses it); unset: no clamp")
     kl_reference: KlReference = Field(
         "initial", description="the KL term's reference: initial, the weights the role started the run with; "
         "phase_start, its weights at the start of each of its phases (recipes with phases), as when each phase is a "
