@@ -193,10 +193,13 @@ class RunConfig(Strict):
     eval_every: int = Field(10, ge=0, description="evaluate every N steps (0 = only at start and end)")
     eval_sets: list[str] | None = Field(None, description="default: the task's sets (arith: levels 1-6)")
     eval_limit: int | None = Field(200, gt=0, description="questions per evaluation set")
-    eval_max_new_tokens: int = Field(96, gt=0, description="arith: the longest level-6 trace is 82 characters")
+    eval_max_new_tokens: int = Field(96, gt=0, description="new tokens per evaluation answer (default 96: arith's "
+                                     "longest level-6 trace is 82 characters); an eval_preset that names a paper's "
+                                     "protocol sets its own unless this is set beside or after it")
     eval_preset: str = Field("greedy", description="sampling of the in-training evaluation: a `coevolve eval` "
-                             "preset (greedy; a paper's protocol such as ttrl: avg@16 at temperature 0.6, n times "
-                             "the cost); eval_max_new_tokens stays the budget")
+                             "preset (greedy, the project's default; or a paper's protocol such as ttrl: avg@16 at "
+                             "temperature 0.6, n times the cost, and 3,072 new tokens: a protocol brings its "
+                             "budget unless eval_max_new_tokens is set in the same place or later)")
     frozen_generator: bool = Field(False, description="two-role recipes: never update the generator (baseline)")
     checkpoint_every: int = Field(1, gt=0)
     keep_checkpoints: int = Field(2, gt=0)

@@ -23,6 +23,36 @@ def test_layers_override_in_order(tmp_path):
     assert config.eval_sets == [f"arith_l{i}" for i in range(1, 7)]  # the task's default sets
 
 
+def test_an_eval_preset_that_names_a_protocol_brings_its_budget(tmp_path):
+    """r_zero's paper preset evaluates in 1,024 tokens; eval_preset r_zero (R-Zero's evaluation/generate.py) brings
+    4,096 and prism 4,096, unless eval_max_new_tokens is set beside or after the preset's name; the project's greedy
+    default keeps the run's budget; a saved config reads back as it was written."""
+    from coevolve.config import to_yaml
+    from coevolve.evaluation.harness import EVAL_PRESETS
+    from coevolve.recipes import resolve_saved
+
+    def budget(*sets: str, config_file: str | None = None) -> int:
+        return resolve("r_zero", preset="paper", sets=list(sets), config_file=config_file)[0].eval_max_new_tokens
+
+    assert budget() == 1024
+    assert budget("eval_preset=r_zero") == EVAL_PRESETS["r_zero"].max_new_tokens == 4096
+    assert budget("eval_preset=prism") == EVAL_PRESETS["prism"].max_new_tokens == 4096
+    assert budget("eval_preset=ttrl") == 3072
+    assert budget("eval_preset=greedy") == 1024  # not a protocol: the run's budget
+    assert budget("eval_preset=r_zero", "eval_max_new_tokens=2048") == 2048
+    in_file = tmp_path / "c.yaml"
+    in_file.write_text("eval_preset: r_zero\neval_max_new_tokens: 512\n")
+    assert budget(config_file=str(in_file)) == 512  # set beside the preset's name
+    assert budget("eval_max_new_tokens=512", "eval_preset=r_zero") == 512  # one layer: order inside it is moot
+    in_file.write_text("eval_max_new_tokens: 512\n")
+    assert budget("eval_preset=r_zero", config_file=str(in_file)) == 4096  # the preset is named later
+    saved = tmp_path / "config.yaml"
+    saved.write_text(to_yaml(resolve("r_zero", preset="paper", sets=["eval_preset=ttrl",
+                                                                      "eval_max_new_tokens=100"])[0]))
+    assert resolve_saved(str(saved))[0].eval_max_new_tokens == 100
+    assert resolve_saved(str(saved), sets=["eval_preset=r_zero"])[0].eval_max_new_tokens == 4096
+
+
 @pytest.mark.parametrize("sets, key", [
     (["train.lrr=1"], "train.lrr"),
     (["stepz=3"], "stepz"),
