@@ -74,10 +74,14 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
     processes: int = typer.Option(1, "--processes", min=1, help="data-parallel processes on this machine "
                                   "(started with torchrun; one GPU each on CUDA)"),
+    print_config: bool = typer.Option(False, "--print-config", help="print the resolved config as config.yaml "
+                                      "would hold it (with what each role runs) and exit"),
+    help_config: bool = typer.Option(False, "--help-config", help="print every setting (core and params.*) with its "
+                                     "resolved value and what it does, and exit"),
 ) -> None:
     """Train with a recipe; everything the run produces goes to its run directory."""
     from coevolve import distributed
-    from coevolve.config import ConfigError, check_runtime
+    from coevolve.config import ConfigError, check_runtime, settings_help
     from coevolve.documents import DocumentError
     from coevolve.loop import NonFiniteWeights
     from coevolve.loop import run as run_loop
@@ -111,7 +115,11 @@ def run(
                 _fail("--out needs a folder name", 2)
             cfg, params, cls = resolve(recipe, preset=preset, config_file=str(config) if config else None, sets=set_)
             out_dir = Path(out) if out else Path("runs") / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
-            check_run_dir(out_dir, overwrite=overwrite)
+            if not (print_config or help_config):
+                check_run_dir(out_dir, overwrite=overwrite)
+        if print_config or help_config:
+            typer.echo(settings_help(cfg, params) if help_config else cls.config_yaml(cfg, params), nl=False)
+            return
         if cfg.trust_remote_code and not trust_remote_code:
             _fail("config key 'trust_remote_code': the model's own code runs only with --trust-remote-code on the "
                   "command line", 2)

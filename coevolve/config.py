@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import math
 import re
 import reprlib
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 
 # Tokens per forward/backward pass on a GPU when train.micro_batch_tokens is unset (H200, 1.5B: 27% of the bf16 peak
 # against 22% for passes of 8 x 640-token sequences; 0.5B: 14% against 8%; bench/README.md).
@@ -61,20 +64,26 @@ class SamplingOverride(Strict):
     """Sampling settings of one use of a model that differ from its training rollouts' (``rollout.*``); an unset
     field keeps the ``rollout.*`` value."""
 
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
-    max_new_tokens: int | None = Field(None, gt=0)
+    temperature: float | None = Field(None, ge=0, description="sampling temperature (0: greedy); unset: "
+                                      "rollout.temperature")
+    top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling mass (1: off); unset: rollout.top_p")
+    top_k: int | None = Field(None, ge=0, description="sample among the k likeliest tokens (0: off); unset: "
+                              "rollout.top_k")
+    max_new_tokens: int | None = Field(None, gt=0, description="new tokens per sample; unset: "
+                                       "rollout.max_new_tokens")
 
 
 class SamplingConfig(Strict):
     """Rollout sampling for training (evaluation has its own settings)."""
 
     engine: Literal["hf", "vllm"] = Field("hf", description="hf: our transformers token loop; vllm: in-process vLLM")
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    max_new_tokens: int = Field(64, gt=0)
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of training rollouts (0: greedy); the "
+                               "trainer takes log-probs under logits / temperature (verl's and TRL's default 1.0)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: sample from the likeliest tokens holding "
+                         "this probability mass (1: off)")
+    top_k: int = Field(0, ge=0, description="sample among the k likeliest tokens (0: off)")
+    max_new_tokens: int = Field(64, gt=0, description="new tokens per training rollout (each recipe's presets cite "
+                                "their paper's or code's length; 64: a CPU budget)")
     batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
         "auto", description="hf engine: prompts per forward pass while sampling; auto: on CUDA as many as the free "
         "device memory holds for the call's prompts and token budget (halved and retried on an out-of-memory error), "
@@ -89,35 +98,46 @@ class SamplingConfig(Strict):
                             "finished rows and stop strings")
     keep_sampler: bool = Field(True, description="hf engine: keep the bf16 copy and the decoding buffers between "
                                "calls (false: free them after each call)")
-    vllm: VLLMConfig = VLLMConfig()
+    vllm: VLLMConfig = Field(VLLMConfig(), description="the in-process vLLM engine (rollout.engine: vllm)")
     scoring: SamplingOverride = Field(SamplingOverride(), description="samples that score or label questions instead "
                                       "of training (r_zero / prism: the solver's votes for p(q) and for the pool's "
                                       "labels); unset fields: the training rollouts' values above")
 
 
 class LoraSettings(Strict):
-    r: int = Field(8, gt=0)
-    lora_alpha: int = Field(16, gt=0)
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] | str = "all-linear"
+    """LoRA adapters (peft's ``LoraConfig``), trained instead of the whole model."""
+
+    r: int = Field(8, gt=0, description="adapter rank (peft's r)")
+    lora_alpha: int = Field(16, gt=0, description="scaling: the adapter's update is multiplied by lora_alpha / r "
+                            "(peft's lora_alpha)")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout probability on the adapters' input (peft's "
+                                "lora_dropout)")
+    target_modules: list[str] | str = Field("all-linear", description="modules that get adapters: their names, or "
+                                            "all-linear (every linear layer but the output head; peft)")
 
 
 class TrainConfig(Strict):
     """The policy-gradient update (shared by every role unless a recipe overrides it per role)."""
 
-    lr: float = Field(1e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(1.0, ge=0)
+    lr: float = Field(1e-5, gt=0, description="AdamW's (peak) learning rate; each recipe's presets cite their "
+                      "paper's or code's value")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay coefficient (verl's actor "
+                                "default 0.01; 0: none)")
+    grad_clip: float = Field(1.0, ge=0, description="largest global L2 norm of the gradient per optimizer step "
+                             "(verl's and TRL's 1.0; 0: no clipping)")
     mini_batch_size: int = Field(0, ge=0, description="sequences per optimizer step; 0 = whole batch")
-    micro_batch_size: int = Field(8, gt=0)
+    micro_batch_size: int = Field(8, gt=0, description="sequences per forward/backward pass when micro_batch_tokens "
+                                  "is unset (memory only: the accumulated gradient is the same)")
     micro_batch_tokens: int | None = Field(None, gt=0, description="tokens per forward/backward pass instead of "
                                            "micro_batch_size sequences (a shared prompt counts once when packed); "
                                            "unset: 16,384 on a GPU for models whose log-prob head runs in chunks "
                                            "(Llama, Mistral, Qwen2, Qwen3), lowered at each update to what the "
                                            "free GPU memory holds; micro_batch_size sequences otherwise")
-    epochs: int = Field(1, gt=0)
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.2, ge=0)
+    epochs: int = Field(1, gt=0, description="passes over each rollout batch (PPO epochs, verl's ppo_epochs)")
+    clip_low: float = Field(0.2, ge=0, description="PPO ratio clip, lower side: the ratio is clipped at 1 - clip_low "
+                            "(PPO's epsilon 0.2)")
+    clip_high: float = Field(0.2, ge=0, description="PPO ratio clip, upper side: 1 + clip_high (DAPO's clip-higher "
+                             "when above clip_low, 0.28 in DAPO)")
     dual_clip: float | None = Field(None, gt=1, description="dual-clip PPO: the loss of a token with A < 0 is capped "
                                     "at -c * A (verl's clip_ratio_c, 3.0 in R-Zero's and Prism's code); unset: off")
     lr_schedule: LrSchedule = Field(
@@ -134,7 +154,12 @@ class TrainConfig(Strict):
     tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap; default 2.0 when "
                                   "rollouts are not sampled from the trained weights (vllm, a bf16 sampler copy, "
                                   "constrained decoding), off otherwise")
-    kl_beta: float = Field(0.0, ge=0)
+    kl_beta: float = Field(0.0, ge=0, description="coefficient of the per-token k3 estimate of KL(pi || pi_ref) "
+                           "added to the loss (GRPO's beta, verl's kl_loss_coef); 0: no KL term and no reference "
+                           "model")
+    kl_clamp: float | None = Field(None, gt=0, description="each token's k3 KL estimate clamped to [-kl_clamp, "
+                                   "kl_clamp] before it enters the loss (verl's low_var_kl clamps to 10; TTRL's "
+                                   "code uses it); unset: no clamp")
     kl_reference: KlReference = Field(
         "initial", description="the KL term's reference: initial, the weights the role started the run with; "
         "phase_start, its weights at the start of each of its phases (recipes with phases), as when each phase is a "
@@ -143,9 +168,13 @@ class TrainConfig(Strict):
                                 "of the policy's whole next-token distribution (at the sampling temperature) at each "
                                 "completion token, aggregated like the loss (loss_agg); verl's entropy_coeff (0.001 "
                                 "on AZR's paper branch); logged as <role>/entropy; 0: off and not computed")
-    loss_agg: LossAgg = "seq_mean"
+    loss_agg: LossAgg = Field(
+        "seq_mean", description="how token losses make the loss: seq_mean, mean over each sequence's tokens, then "
+        "over sequences (GRPO); token_sum_norm, each sequence's sum / norm_constant, mean over sequences (Dr.GRPO); "
+        "token_mean, mean over every token of the mini-batch (DAPO; verl's default token-mean)")
     norm_constant: int | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
-    lora: LoraSettings | None = None
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of every weight (peft); "
+                                      "unset: full fine-tuning")
     dtype: Precision = Field(
         "auto", description="bf16: mixed precision (bf16 autocast for forward and backward, fp32 weights and AdamW "
         "state); auto: bf16 on a CUDA device that has it, fp32 otherwise")
@@ -164,7 +193,7 @@ class RoleSettings(Strict):
     """One role's own update settings (``roles.<role>``, e.g. ``roles.questioner.epochs``); an unset field keeps the
     run's ``train`` value. The roles are the recipe's (``coevolve recipes``; R-Zero's questioner and solver)."""
 
-    lr: float | None = Field(None, gt=0)
+    lr: float | None = Field(None, gt=0, description="the role's AdamW (peak) learning rate")
     mini_batch_size: int | None = Field(None, ge=0, description="sequences per AdamW step (0: the whole batch)")
     epochs: int | None = Field(None, gt=0, description="passes over the role's rollout batch")
     lr_schedule: LrSchedule | None = Field(None, description="the role's lr over each of its phases")
@@ -174,33 +203,44 @@ class RoleSettings(Strict):
 class RunConfig(Strict):
     """Everything a run needs; written resolved to ``config.yaml`` in the run directory."""
 
-    recipe: str
-    model: str = "tiny-arith"
-    task: str = "arith"
-    seed: int = 0
-    steps: int = Field(50, ge=0)
-    data_dir: str | None = None
-    trust_remote_code: bool = False
+    recipe: str = Field(description="the method that trains (coevolve recipes lists them)")
+    model: str = Field("tiny-arith", description="tiny-arith, tiny-program, smollm2-135m, a local model folder or a "
+                       "hub id already in the local cache (runs are offline)")
+    task: str = Field("arith", description="the world questions come from and answers are graded in: arith, math, "
+                      "mcq; program or python (azr)")
+    seed: int = Field(0, description="seed of every random draw of the run (sampling, data order, adapters' start)")
+    steps: int = Field(50, ge=0, description="loop steps; one step is one iteration of the recipe's algorithm (its "
+                       "docstring says what it holds)")
+    data_dir: str | None = Field(None, description="folder with the benchmark and training files; unset: "
+                                 "$COEVOLVE_DATA_DIR, else ../shared/data beside the current folder or the "
+                                 "repository")
+    trust_remote_code: bool = Field(False, description="let a model folder's own Python code run (also needs "
+                                    "--trust-remote-code on the command line)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available (cuda:<local rank> "
                                                    "with several processes), else CPU")
-    rollout: SamplingConfig = SamplingConfig()
-    train: TrainConfig = TrainConfig()
+    rollout: SamplingConfig = Field(SamplingConfig(), description="sampling of training rollouts")
+    train: TrainConfig = Field(TrainConfig(), description="the policy-gradient update of every role (roles.<role> "
+                               "overrides some of it per role)")
     roles: dict[str, RoleSettings] = Field({}, description="per-role update settings over train.* (roles.<role>.lr, "
                                            "mini_batch_size, epochs, lr_schedule, optimizer_reset)")
     eval_every: int = Field(10, ge=0, description="evaluate every N steps (0 = only at start and end)")
     eval_sets: list[str] | None = Field(None, description="default: the task's sets (arith: levels 1-6)")
     eval_limit: int | None = Field(200, gt=0, description="questions per evaluation set")
-    eval_max_new_tokens: int = Field(96, gt=0, description="arith: the longest level-6 trace is 82 characters")
+    eval_max_new_tokens: int = Field(96, gt=0, description="new tokens per evaluation answer (default 96: arith's "
+                                     "longest level-6 trace is 82 characters); an eval_preset that names a paper's "
+                                     "protocol sets its own unless this is set beside or after it")
     eval_preset: str = Field("greedy", description="sampling of the in-training evaluation: a `coevolve eval` "
-                             "preset (greedy; a paper's protocol such as ttrl: avg@16 at temperature 0.6, n times "
-                             "the cost); eval_max_new_tokens stays the budget")
+                             "preset (greedy, the project's default; or a paper's protocol such as ttrl: avg@16 at "
+                             "temperature 0.6, n times the cost, and 3,072 new tokens: a protocol brings its "
+                             "budget unless eval_max_new_tokens is set in the same place or later)")
     frozen_generator: bool = Field(False, description="two-role recipes: never update the generator (baseline)")
-    checkpoint_every: int = Field(1, gt=0)
-    keep_checkpoints: int = Field(2, gt=0)
+    checkpoint_every: int = Field(1, gt=0, description="steps between checkpoints (the last step always saves one)")
+    keep_checkpoints: int = Field(2, gt=0, description="newest checkpoints kept; older ones are deleted")
     report_to: list[Literal["tensorboard", "wandb"]] = Field(["tensorboard"], description="where the run also "
                                                              "reports its metrics (wandb: pip install "
                                                              "'coevolve[wandb]')")
-    params: dict[str, Any] = {}
+    params: dict[str, Any] = Field({}, description="the recipe's own parameters (params.*; coevolve run RECIPE "
+                                   "--help-config lists them)")
 
     @field_validator("eval_sets")
     @classmethod
@@ -358,6 +398,70 @@ def check_runtime(config: RunConfig, processes: int = 1, fsdp_unsupported: str |
                 raise ConfigError(f"config key 'train.fsdp': not supported together with {why}")
 
 
-def to_yaml(config: RunConfig) -> str:
-    """The resolved config as YAML (what ``config.yaml`` holds and ``--config`` reads back)."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+def role_train(config: RunConfig, role: RoleSettings | None) -> dict[str, Any]:
+    """The ``roles.<role>`` settings as a role runs them: its own value where set, else ``train.*``'s."""
+    own = role.model_dump(exclude_none=True) if role is not None else {}
+    return {key: own.get(key, getattr(config.train, key)) for key in RoleSettings.model_fields}
+
+
+def to_yaml(config: RunConfig, roles: Mapping[str, RoleSettings | None] | None = None) -> str:
+    """The resolved config as YAML (what ``config.yaml`` holds and ``--config`` reads back). ``roles``: each of the
+    recipe's roles with its own settings (the recipe's ``role_settings``), written after the config as comments
+    that say what each role runs, since ``roles.<role>.*`` overrides ``train.*``."""
+    text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    if not roles:
+        return text
+    runs = {name: role_train(config, role) for name, role in roles.items()}
+    lines = ["# What each role runs: train.* above, with its roles.<role>.* (and its recipe's choices) over these:"]
+    lines += [f"#   {name}: " + ", ".join(f"{key} {value}" for key, value in run.items()) for name, run in runs.items()]
+    unused = [f"train.{key} ({value})" for key, value in config.train.model_dump(include=set(RoleSettings.model_fields))
+              .items() if all(run[key] != value for run in runs.values())]
+    if unused:
+        lines.append(f"#   no role runs {', '.join(unused)}")
+    return text + "\n".join(lines) + "\n"
+
+
+def setting_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, FieldInfo]]:
+    """Every setting of ``model`` as (dotted key, pydantic field), sections included and walked into; a mapping of
+    sections (``roles``) is walked as ``roles.<name>``."""
+    out: list[tuple[str, FieldInfo]] = []
+    for name, field in model.model_fields.items():
+        key = prefix + name
+        out.append((key, field))
+        for section, keyed in _sections(field.annotation):
+            out += setting_fields(section, f"{key}.<name>." if keyed else f"{key}.")
+    return out
+
+
+def _sections(annotation: Any) -> list[tuple[type[BaseModel], bool]]:
+    """The pydantic models a field's type holds: (model, True) for a ``dict[str, Model]``, (model, False) for the
+    model itself (also as ``Model | None``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [(annotation, False)]
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is dict:
+        return [(model, True) for model, _ in _sections(args[1])] if len(args) == 2 else []
+    return [found for arg in args for found in _sections(arg)]
+
+
+def settings_help(config: RunConfig, params: BaseModel) -> str:
+    """Every setting of a resolved run, core and ``params.*``: its key, its value in this run and its description
+    (``coevolve run RECIPE --help-config``)."""
+    dumped = {**config.model_dump(mode="json"), "params": params.model_dump(mode="json")}
+    lines = []
+    for key, field in setting_fields(RunConfig) + setting_fields(type(params), "params."):
+        node: Any = dumped
+        for part in key.split("."):
+            node = node.get(part, _UNSET) if isinstance(node, dict) and part != "<name>" else _UNSET
+        section = _sections(field.annotation) and typing.get_origin(field.annotation) is not dict
+        if "<name>" in key or (section and isinstance(node, dict)):
+            shown = ""  # a section (its settings follow), or a setting of a mapping's entries (roles.<name>.lr)
+        elif node is _UNSET:  # inside a section the run leaves unset (train.lora)
+            shown = f"  (if its section is set; default {json.dumps(field.default)})"
+        else:
+            shown = f" = {json.dumps(node)}"
+        lines.append(f"{key}{shown}\n    {field.description or '(no description)'}")
+    return "\n".join(lines) + "\n"
+
+
+_UNSET = object()

@@ -11,7 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from coevolve import distributed
-from coevolve.config import RunConfig, to_yaml
+from coevolve.config import RunConfig
 from coevolve.grading.guard import pop_bound_counts
 from coevolve.recipes.base import Recipe, StepOutput
 from coevolve.records import accuracy_line, is_evaluation
@@ -95,7 +95,7 @@ class _Run:
             distributed.barrier()  # rank 0 has checked before it writes
         if self.main:  # on resume too, so that --set overrides (more steps) are what a later plain --resume reads
             self.store.root.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.store.root / "config.yaml", to_yaml(self.config))
+            atomic_write_text(self.store.root / "config.yaml", self.recipe.config_yaml(self.config, self.recipe.params))
             self.tracker = open_trackers(self.config.report_to, self.store.root, self.config.model_dump(mode="json"),
                                          resume=resume, start=start)
             if resume:

@@ -23,6 +23,36 @@ def test_layers_override_in_order(tmp_path):
     assert config.eval_sets == [f"arith_l{i}" for i in range(1, 7)]  # the task's default sets
 
 
+def test_an_eval_preset_that_names_a_protocol_brings_its_budget(tmp_path):
+    """r_zero's paper preset evaluates in 1,024 tokens; eval_preset r_zero (R-Zero's evaluation/generate.py) brings
+    4,096 and prism 4,096, unless eval_max_new_tokens is set beside or after the preset's name; the project's greedy
+    default keeps the run's budget; a saved config reads back as it was written."""
+    from coevolve.config import to_yaml
+    from coevolve.evaluation.harness import EVAL_PRESETS
+    from coevolve.recipes import resolve_saved
+
+    def budget(*sets: str, config_file: str | None = None) -> int:
+        return resolve("r_zero", preset="paper", sets=list(sets), config_file=config_file)[0].eval_max_new_tokens
+
+    assert budget() == 1024
+    assert budget("eval_preset=r_zero") == EVAL_PRESETS["r_zero"].max_new_tokens == 4096
+    assert budget("eval_preset=prism") == EVAL_PRESETS["prism"].max_new_tokens == 4096
+    assert budget("eval_preset=ttrl") == 3072
+    assert budget("eval_preset=greedy") == 1024  # not a protocol: the run's budget
+    assert budget("eval_preset=r_zero", "eval_max_new_tokens=2048") == 2048
+    in_file = tmp_path / "c.yaml"
+    in_file.write_text("eval_preset: r_zero\neval_max_new_tokens: 512\n")
+    assert budget(config_file=str(in_file)) == 512  # set beside the preset's name
+    assert budget("eval_max_new_tokens=512", "eval_preset=r_zero") == 512  # one layer: order inside it is moot
+    in_file.write_text("eval_max_new_tokens: 512\n")
+    assert budget("eval_preset=r_zero", config_file=str(in_file)) == 4096  # the preset is named later
+    saved = tmp_path / "config.yaml"
+    saved.write_text(to_yaml(resolve("r_zero", preset="paper", sets=["eval_preset=ttrl",
+                                                                      "eval_max_new_tokens=100"])[0]))
+    assert resolve_saved(str(saved))[0].eval_max_new_tokens == 100
+    assert resolve_saved(str(saved), sets=["eval_preset=r_zero"])[0].eval_max_new_tokens == 4096
+
+
 @pytest.mark.parametrize("sets, key", [
     (["train.lrr=1"], "train.lrr"),
     (["stepz=3"], "stepz"),
@@ -87,6 +117,7 @@ def test_run_writes_the_run_directory(tmp_path, random_model_dir):
     assert result.returncode == 0, result.stderr
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["steps"] == 2 and saved["recipe"] == "grpo"
+    assert "\n#   solver: lr 5e-05, mini_batch_size 0, epochs 1," in (out / "config.yaml").read_text()  # what it runs
     rows = [yaml.safe_load(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "solver/reward_mean" in r]
     assert [r["step"] for r in train_rows] == [1, 2]
@@ -122,3 +153,51 @@ def test_math_task_with_empty_training_file_is_clear(tmp_path):
 
     with pytest.raises(TaskDataError, match="empty"):
         get_task("math", data_dir=str(tmp_path)).training_problems(random.Random(0), 4)
+
+
+def test_every_setting_says_what_it_does():
+    """Every core setting (sections walked into: train.lora.*, rollout.vllm.*, roles.<name>.*) and every recipe's
+    params.* has a description."""
+    from coevolve.config import RunConfig, setting_fields
+    from coevolve.recipes import RECIPES
+
+    core = setting_fields(RunConfig)
+    keys = {key for key, _ in core}
+    assert {"train.lora.r", "rollout.vllm.sleep", "rollout.scoring.top_k", "roles.<name>.lr",
+            "train.entropy_coef"} <= keys and len(core) >= 78
+    undocumented = [key for key, field in core if not field.description]
+    for name, cls in sorted(RECIPES.items()):
+        fields = setting_fields(cls.Params, f"{name}: params.")
+        assert fields, name
+        undocumented += [key for key, field in fields if not field.description]
+    assert undocumented == []
+
+
+def test_print_and_help_config_show_what_each_role_runs(tmp_path, monkeypatch):
+    """--print-config: config.yaml as a run writes it, with each role's effective settings as comments (Prism's roles
+    both run cosine while train.lr_schedule says constant); it reads back as the same config. --help-config: every
+    setting with its value and description. Neither writes anything (in-process: a subprocess costs 25 s here)."""
+    from typer.testing import CliRunner
+
+    from coevolve.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    printed = CliRunner().invoke(app, ["run", "prism", "--preset", "paper", "--print-config"])
+    assert printed.exit_code == 0, printed.output
+    config, _, _ = resolve("prism", preset="paper")
+    assert yaml.safe_load(printed.stdout) == config.model_dump(mode="json")
+    assert config.train.lr_schedule == "constant"
+    comments = [line for line in printed.stdout.splitlines() if line.startswith("#")]
+    assert comments[1:] == [
+        "#   questioner: lr 5e-06, mini_batch_size 64, epochs 2, lr_schedule cosine, optimizer_reset phase",
+        "#   solver: lr 5e-06, mini_batch_size 1024, epochs 2, lr_schedule cosine, optimizer_reset phase",
+        "#   no role runs train.mini_batch_size (0), train.epochs (1), train.lr_schedule (constant)"]
+    helped = CliRunner().invoke(app, ["run", "ttrl", "--preset", "paper", "--help-config",
+                                      "--set", "train.entropy_coef=0.001"])
+    assert helped.exit_code == 0, helped.output
+    lines = helped.stdout.splitlines()
+    at = lines.index("train.entropy_coef = 0.001")
+    assert lines[at + 1].strip().startswith("entropy bonus: loss = pg_loss - entropy_coef * H")
+    assert "train.kl_clamp = 10.0" in lines and "params.vote_samples = 64" in lines
+    assert "(no description)" not in helped.stdout
+    assert list(tmp_path.iterdir()) == []

@@ -30,7 +30,9 @@ from coevolve.tasks.registry import task_for
 
 @dataclass(frozen=True)
 class EvalPreset:
-    """Sampling settings of one evaluation protocol; ``source`` cites where they come from."""
+    """Sampling settings of one evaluation protocol; ``source`` cites where they come from. ``protocol``: a paper's
+    protocol, whose ``max_new_tokens`` a run's ``eval_preset`` brings with it (unless the user sets
+    ``eval_max_new_tokens``); the project's own greedy default leaves the run's budget alone."""
 
     temperature: float
     top_p: float
@@ -38,12 +40,13 @@ class EvalPreset:
     max_new_tokens: int
     n_samples: int
     source: str
+    protocol: bool = True
 
 
 EVAL_PRESETS: dict[str, EvalPreset] = {
     "greedy": EvalPreset(0.0, 1.0, 0, 512, 1,
                          "project default: greedy accuracy (pass@1 as in Prism, arXiv:2603.13309 §5.3); 512 new "
-                         "tokens is a CPU budget, not a paper value"),
+                         "tokens is a CPU budget, not a paper value", protocol=False),
     "prism": EvalPreset(0.0, 1.0, 0, 4096, 1,
                         "Prism (arXiv:2603.13309) §5.3: Pass@1 with greedy decoding; its code: max response "
                         "length 4096"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from coevolve.config import (
@@ -70,25 +70,41 @@ def resolve(recipe_name: str, *, preset: str | None = None, config_file: str | N
     if recipe_name not in RECIPES:
         raise ConfigError(f"unknown recipe '{recipe_name}' (known: {', '.join(sorted(RECIPES))})")
     cls = RECIPES[recipe_name]
-    raw: dict[str, Any] = deep_merge({"recipe": recipe_name}, cls.defaults)
+    layers: list[dict[str, Any]] = [deep_merge({"recipe": recipe_name}, cls.defaults)]
     if preset is not None:
         if preset not in cls.presets:
             known = ", ".join(sorted(cls.presets)) or "none"
             raise ConfigError(f"recipe '{recipe_name}' has no preset '{preset}' (presets: {known})")
-        raw = deep_merge(raw, cls.presets[preset])
+        layers.append(cls.presets[preset])
     if config_file:
         file_raw = load_yaml(config_file)
         if file_raw.get("recipe", recipe_name) != recipe_name:
             raise ConfigError(f"config key 'recipe': file says {file_raw['recipe']!r}, command says {recipe_name!r}")
-        raw = deep_merge(raw, file_raw)
-    raw = deep_merge(raw, parse_set(list(sets)))
-    return _finish(raw, recipe_name)
+        layers.append(file_raw)
+    layers.append(parse_set(list(sets)))
+    return _finish(_merge_layers(layers), recipe_name)
 
 
 def resolve_saved(config_file: str, sets: Sequence[str] = ()) -> tuple[RunConfig, RecipeParams, type[Recipe]]:
     """A run directory's saved config, with --set overrides (e.g. more steps) on top."""
-    raw = deep_merge(load_yaml(config_file), parse_set(list(sets)))
+    raw = _merge_layers([load_yaml(config_file), parse_set(list(sets))])
     name = raw.get("recipe")
     if name not in RECIPES:
         raise ConfigError(f"config key 'recipe': unknown recipe {name!r}")
     return _finish(raw, name)
+
+
+def _merge_layers(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The layers merged in order, each over the ones before. An ``eval_preset`` that names a paper's protocol
+    brings that protocol's budget (``EVAL_PRESETS[...].max_new_tokens`` as ``eval_max_new_tokens``) unless the layer
+    that names it, or one above it, sets ``eval_max_new_tokens`` itself."""
+    raw: dict[str, Any] = {}
+    for layer in layers:
+        raw = deep_merge(raw, layer)
+    named = [i for i, layer in enumerate(layers) if "eval_preset" in layer]
+    chosen = raw.get("eval_preset")
+    protocol = EVAL_PRESETS.get(chosen) if isinstance(chosen, str) else None  # unknown: _finish says so
+    if named and protocol is not None and protocol.protocol and not any(
+            "eval_max_new_tokens" in layer for layer in layers[named[-1]:]):
+        raw["eval_max_new_tokens"] = protocol.max_new_tokens
+    return raw

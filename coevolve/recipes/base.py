@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coevolve.config import ConfigError, RoleSettings, RunConfig
+from coevolve.config import ConfigError, RoleSettings, RunConfig, to_yaml
 from coevolve.models import Policy
 from coevolve.records import SampleRow
 from coevolve.rl.trainer import PolicyTrainer, TrainSample
@@ -191,7 +191,7 @@ class Recipe:
         return."""
         if role not in self.roles or role in self._role_policies:
             raise ValueError(f"{self.name}: role {role!r} is not one of {self.roles} or has a trainer already")
-        settings = self._runtime.update_settings(policy, self.role_settings(role),
+        settings = self._runtime.update_settings(policy, self.role_settings(self.config, self.params, role),
                                                  constrained=self.constrains_rollouts(self.params))
         try:
             trainer = self._runtime.make_trainer(policy, settings)
@@ -209,9 +209,15 @@ class Recipe:
         """Whether the recipe's rollouts are sampled under a format constraint (format help)."""
         return False
 
-    def role_settings(self, role: str) -> RoleSettings | None:
+    @classmethod
+    def role_settings(cls, config: RunConfig, params: RecipeParams, role: str) -> RoleSettings | None:
         """``role``'s own update settings over the run's ``train`` (``roles.<role>``), or None."""
-        return self.config.roles.get(role)
+        return config.roles.get(role)
+
+    @classmethod
+    def config_yaml(cls, config: RunConfig, params: RecipeParams) -> str:
+        """The resolved config as ``config.yaml`` holds it, with what each role runs (:func:`to_yaml`)."""
+        return to_yaml(config, {role: cls.role_settings(config, params, role) for role in cls.roles})
 
     def engine(self, policy: Policy) -> RolloutEngine:
         """The sampler of ``policy`` (``rollout.engine``), one per policy for the whole run, following its trainer's

@@ -159,8 +159,13 @@ class InfuserParams(GeneratorParams):
     document_pool_size: int | None = Field(None, gt=0, description="keep a seeded subset of this many chunks")
     generator_max_tokens: int = Field(64, gt=0, description="generator response budget (paper: 8192)")
     rho_inv: float = Field(0.0, description="reward of an invalid generation")
-    influence: Literal["preconditioned_cosine", "sgd_cosine"] = "preconditioned_cosine"
-    generator_advantage: Literal["dugrpo", "grpo", "batch_norm"] = "dugrpo"
+    influence: Literal["preconditioned_cosine", "sgd_cosine"] = Field(
+        "preconditioned_cosine", description="Phase 4's score: cosine of the dev gradient with the question's "
+        "gradient preconditioned by the solver's AdamW second moment (paper, App. D.4); sgd_cosine, with the plain "
+        "gradient (Table 10 ablation)")
+    generator_advantage: Literal["dugrpo", "grpo", "batch_norm"] = Field(
+        "dugrpo", description="the generator's advantage: dugrpo, DuGRPO over each document's outputs (Eq. 2.14, "
+        "paper); grpo, group std; batch_norm, batch std (Table 10 ablations)")
 
 
 @dataclass
@@ -229,12 +234,13 @@ class Infuser(GeneratorRecipe):
         "reference_code": {**_PAPER_SCALE, "train": {**_PAPER_SCALE["train"], "loss_agg": "token_mean"}},
     }
 
-    def role_settings(self, role: str) -> RoleSettings:
+    @classmethod
+    def role_settings(cls, config, params: InfuserParams, role: str) -> RoleSettings:
         """Both roles take an AdamW step every M prompts x n (the paper's mini-batch), unless ``roles.<role>`` says."""
-        own = super().role_settings(role) or RoleSettings()
+        own = super().role_settings(config, params, role) or RoleSettings()
         if own.mini_batch_size is not None:
             return own
-        return own.model_copy(update={"mini_batch_size": self.params.minibatch_prompts * self.params.group_size})
+        return own.model_copy(update={"mini_batch_size": params.minibatch_prompts * params.group_size})
 
     @classmethod
     def check_inputs(cls, config, params: InfuserParams) -> None:

@@ -154,7 +154,8 @@ class OpenSIRParams(GeneratorParams):
     teacher_upscale: int = Field(2, ge=1, description="teacher groups generated per group trained (k = this*B/(2G))")
     seed_problem: str | None = Field(None, description="P_0; default 'What is 1+1?' (chat) or '1+1' (tiny-arith)")
     s_min: float = Field(0.5, ge=0, le=1, description="solve-rate range [s_min, s_max] of Eq. 2")
-    s_max: float = Field(0.9, ge=0, le=1)
+    s_max: float = Field(0.9, ge=0, le=1, description="upper end of Eq. 2's solve-rate range (share of the G "
+                         "solutions that agree with the vote; paper and code: 0.9)")
     sol_edge: Literal["inv_group", "inv_levels"] = Field("inv_group", description="triangle end: 1/G or 1/#levels")
     solve_rate_denominator: Literal["group", "parsed"] = Field("group", description="G or #parsed answers")
     w_sol: float = Field(1.0, ge=0, description="alpha, solvability weight (Eq. 5)")
@@ -164,15 +165,32 @@ class OpenSIRParams(GeneratorParams):
     student_fmt_weight: float = Field(0.1, ge=0, description="delta of Eq. 6, student format weight")
     l_base: float = Field(1000.0, gt=0, description="Eq. 3 normaliser, tokens")
     l_cap: float | None = Field(1000.0, gt=0, description="Eq. 3 cap, tokens (not in the paper; code: 1000)")
-    diversity: DiversityMode = "min_pool"
+    diversity: DiversityMode = Field(
+        "min_pool", description="div of Eq. 5: min_pool, the least cosine distance of the problem's embedding to the "
+        "pool P_{t-1} (paper); top5_batch_and_pool, (1 - mean cosine similarity to its top-k neighbours in the batch "
+        "and pool) / 2 (released code, docs item 5); concepts, concept novelty (Eq. 10 ablation)")
     top_k_neighbours: int = Field(5, gt=0, description="k of the top5_batch_and_pool variant")
     encoder: str | None = Field(None, description="sentence-transformers folder; default: packaged all-MiniLM-L6-v2")
-    selection_score: Literal["novelty", "sol_div"] = "novelty"
-    teacher_variance: Literal["all", "valid_only"] = "all"
-    selection_scope: Literal["global", "chunked"] = "global"
-    train_roles: Literal["both", "student", "teacher"] = "both"
-    teacher_rules: TeacherRules = "paper"
-    student_format: StudentFormat = "boxed"
+    selection_score: Literal["novelty", "sol_div"] = Field(
+        "novelty", description="the score that ranks teacher groups and student problems (Algorithm lines 15-16): "
+        "novelty, score_novel of Eq. 5 (paper); sol_div, w_sol * sol + w_div * div (released code, docs item 8)")
+    teacher_variance: Literal["all", "valid_only"] = Field(
+        "all", description="Var_j of a teacher group's selection scores: all, over its G outputs with invalid ones "
+        "at 0 (paper); valid_only, over the valid ones, -1 when none (released code, docs item 11)")
+    selection_scope: Literal["global", "chunked"] = Field(
+        "global", description="global: the B/(2G) teacher groups and problems with the highest scores over the "
+        "batch (paper); chunked: one group and one problem per chunk of teacher_upscale groups (released code, "
+        "docs item 9)")
+    train_roles: Literal["both", "student", "teacher"] = Field(
+        "both", description="roles that update: both; student (teacher frozen at its initial weights, the §4.4 "
+        "ablation, as frozen_generator does); teacher")
+    teacher_rules: TeacherRules = Field(
+        "paper", description="how a teacher output is read and its format scored: paper, <problem> (or <question>) "
+        "and at most 3 concepts (§2.3.1); code, the released parse_xml rules, whose format score needs <think> "
+        "(docs item 10)")
+    student_format: StudentFormat = Field(
+        "boxed", description="the student's format score (Eq. 6): boxed, the answer in \\boxed{} (paper); phrase, "
+        "'Therefore, the final answer is: ...' (released code, docs item 16); tiny-arith: its own answer format")
     vote: Literal["fast", "verify"] = Field("fast", description="answer equivalence of the majority vote")
     adv_eps: float = Field(1e-4, gt=0, description="epsilon of the group std (code: 1e-4)")
 

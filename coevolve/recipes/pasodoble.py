@@ -105,19 +105,28 @@ class PasoDobleParams(GeneratorParams):
     w_div: float = Field(0.2, ge=0, description="w, weight of r_div")
     difficulty_offset: float = Field(1.1, description="r_diff = offset - p")
     history_size: int = Field(100, gt=0, description="|H|")
-    history_update: Literal["sequential", "snapshot"] = "sequential"
-    diversity_gate: DiversityGate = "ge"
+    history_update: Literal["sequential", "snapshot"] = Field(
+        "sequential", description="how H grows: sequential, each q_i appended after it is scored, an empty one too "
+        "(paper, Algorithm 1); snapshot, all I scored against one snapshot, then appended only when some p > tau_low "
+        "(released code, docs item 4)")
+    diversity_gate: DiversityGate = Field("ge", description="r_div passes the gate when r_div >= tau_div (ge, "
+                                          "paper) or > tau_div (gt, released code, docs item 3)")
     question_tokens: Literal["ids", "id_bigrams"] = Field(
         "ids", description="Tok(q): token ids (paper/code) or pairs of consecutive ids (for character tokenizers)")
-    leak_filter: LeakMode = "word"
+    leak_filter: LeakMode = Field(
+        "word", description="pre-check that marks (q, a*) invalid (p = 0) when the question gives the answer away: "
+        "off (paper: none); raw, the released code's substring test; word, the answer as a whole word (default)")
     advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="both roles' advantages: GRPO's "
                                                   "std-scaled (paper, code) or mean-centred only")
     adv_eps: float = Field(1e-4, gt=0, description="epsilon of the group std (TRL's, the code's: 1e-4)")
-    solver_reward: Literal["agree", "random_full", "random_partial"] = "agree"
+    solver_reward: Literal["agree", "random_full", "random_partial"] = Field(
+        "agree", description="r^s: agree, 1 when the answer matches the Proposer's a* (§3.4); random_full / "
+        "random_partial, Bernoulli(0.5) (partial: 0 without an answer), the no-answers ablations of §5.3")
     knowledge: bool = Field(True, description="false: the w/o-𝒦 ablation")
     knowledge_source: str | None = Field(None, description="arith | openstax | proofwiki | a path; default by task")
     knowledge_max_tokens: int = Field(1024, gt=0, description="passages longer than this are split (paper: filtered)")
-    knowledge_min_tokens: int = Field(1, gt=0)
+    knowledge_min_tokens: int = Field(1, gt=0, description="passage fragments under this many tokens (words) are "
+                                      "dropped when passages are split (1: none)")
     knowledge_pool_size: int | None = Field(None, gt=0, description="keep a seeded subset of this many passages")
     proposer_max_tokens: int = Field(64, gt=0, description="Proposer completion budget (paper: 6144)")
     proposer_steps: int = Field(10, gt=0, description="offline: T_P Proposer updates per iteration")

@@ -58,11 +58,11 @@ from coevolve.tasks.registry import Problem, Task, TaskDataError, get_task
 # The paper's MATH-500 run (its §4 settings): 10 episodes of the 500 test questions, 32 questions a step, 64 votes and
 # 32 trained samples, AdamW at lr 5e-7 on a cosine schedule, 3072 new tokens; on the one offline chat model. What the
 # stored paper text did not give comes from the released scripts (verl/examples/ttrl/*, every one alike): the actor's
-# KL loss on (verl's kl_loss_coef 0.001, low_var_kl), training top_p 1 (verl's default; 0.95 is the validation
-# setting), and verl's actor defaults: dual clip c = 3, AdamW weight decay 0.01. The scripts sample Qwen2.5-Math at
-# temperature 1.0 and Qwen2.5 / LLaMA-3.1-Instruct at 0.6; SmolLM2, a general chat model, takes 0.6 (for a
-# Qwen2.5-Math model set rollout.temperature=1.0). docs/recipes/ttrl.md: each value's source.
-_CODE_ACTOR = {"kl_beta": 1e-3, "dual_clip": 3.0, "weight_decay": 0.01}
+# KL loss on (verl's kl_loss_coef 0.001, low_var_kl: k3 clamped to [-10, 10]), training top_p 1 (verl's default; 0.95
+# is the validation setting), and verl's actor defaults: dual clip c = 3, AdamW weight decay 0.01. The scripts sample
+# Qwen2.5-Math at temperature 1.0 and Qwen2.5 / LLaMA-3.1-Instruct at 0.6; SmolLM2, a general chat model, takes 0.6
+# (for a Qwen2.5-Math model set rollout.temperature=1.0). docs/recipes/ttrl.md: each value's source.
+_CODE_ACTOR = {"kl_beta": 1e-3, "kl_clamp": 10.0, "dual_clip": 3.0, "weight_decay": 0.01}
 _PAPER = {
     "model": "smollm2-135m", "task": "math", "steps": 10 * 16, "eval_every": 16,
     "rollout": {"temperature": 0.6, "top_p": 1.0, "max_new_tokens": 3072},

@@ -9,7 +9,10 @@ more head matmul per token, so it is used only where the whole logits would exce
 for the small models and micro-batches of a CPU run, always for a Qwen2.5 micro-batch of a few thousand tokens. The
 arithmetic is the plain path's (the head's matmul in the autocast dtype, then fp32, then ``/ temperature``, then target
 logit minus log-sum-exp), so the log-probs are the same up to summation order. On request it also returns each token's
-entropy of the whole distribution (``train.entropy_coef``), computed and differentiated chunk by chunk as well.
+entropy of the whole distribution (``train.entropy_coef``), computed and differentiated chunk by chunk as well. That
+is not free, so the trainer asks for it only when ``entropy_coef`` is not 0: on an H100 under bf16 autocast, Qwen2.5's
+head (896 x 151,936) over 16,384 tokens took 118 ms forward and backward without it and 178 ms with it, and one more
+chunk of memory (peak 3.3 -> 4.25 GiB); the entropies matched a plain fp32 computation to 3e-7 (relative).
 """
 
 from __future__ import annotations

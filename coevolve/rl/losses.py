@@ -7,6 +7,7 @@ Per completion token t of sequence i (INFUSER eq. 2.10, with DAPO's decoupled cl
     pg_{i,t}  = min(pg_{i,t}, -c * A_i)  for A_i < 0                     optional dual clip (c = dual_clip)
     pg_{i,t} *= w_{i,t} = min(exp(old_logp - rollout_logp), tis_cap)   truncated importance sampling, detached
     loss_{i,t} = pg_{i,t} + beta * k3_{i,t},  k3 = exp(ref - logp) - (ref - logp) - 1   (KL(pi || pi_ref), k3)
+                 (k3 optionally clamped to [-kl_clamp, kl_clamp]: verl's low_var_kl clamps to [-10, 10])
     loss_{i,t} -= entropy_coef * H_{i,t}    H = -sum_v pi(v) log pi(v), the policy's entropy at the token (optional)
 
 then aggregated over completion tokens (``agg``):
@@ -57,6 +58,7 @@ def policy_loss(
     rollout_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     beta: float = 0.0,
+    kl_clamp: float | None = None,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
     agg: str = "seq_mean",
@@ -80,6 +82,8 @@ def policy_loss(
         ref_logprobs: [B, T] log pi_ref of a frozen reference; required when ``beta`` > 0 (with ``beta`` = 0 it
             only feeds ``stats["kl_mean"]``).
         beta: k3 KL coefficient.
+        kl_clamp: if set, each token's k3 is clamped to [-kl_clamp, kl_clamp] before it enters the loss and
+            ``kl_mean`` (verl's ``low_var_kl``: 10); a clamped token's KL term has no gradient.
         entropy: [B, T] entropy of the policy's distribution at each token (with grad when ``entropy_coef`` is not 0);
             required when ``entropy_coef`` is not 0 (with 0 it only feeds ``stats["entropy"]``).
         entropy_coef: entropy bonus coefficient: ``entropy_coef * H`` is subtracted from each token's loss.
@@ -146,6 +150,8 @@ def policy_loss(
         loss_tok = loss_tok * weight
     if ref_logprobs is not None:
         kl = k3_kl(logp, masked(ref_logprobs.detach()))
+        if kl_clamp is not None:
+            kl = torch.clamp(kl, min=-kl_clamp, max=kl_clamp)
         if beta != 0.0:
             loss_tok = loss_tok + beta * kl
     if entropy_coef != 0.0:

@@ -56,6 +56,7 @@ class UpdateSettings:
     dual_clip: float | None = None  # dual-clip PPO's c (verl's clip_ratio_c); None: off
     tis_cap: float | None = None
     kl_beta: float = 0.0
+    kl_clamp: float | None = None  # each token's k3 clamped to [-kl_clamp, kl_clamp] (verl's low_var_kl: 10)
     kl_reference: KlReference = "initial"  # phase_start: the KL reference moves to the weights at each phase start
     entropy_coef: float = 0.0  # loss = pg_loss - entropy_coef * entropy (verl's entropy_coeff); 0: not computed
     loss_agg: LossAgg = "seq_mean"  # seq_mean (GRPO) | token_sum_norm (Dr.GRPO) | token_mean (DAPO)
@@ -498,7 +499,7 @@ class PolicyTrainer:
                 logprobs, logprobs.detach() if old is None else old[rows, cols], advantages, mask,
                 clip_low=st.clip_low, clip_high=st.clip_high, dual_clip=st.dual_clip, tis_cap=st.tis_cap,
                 rollout_logprobs=rollout[rows, cols],
-                ref_logprobs=ref[rows, cols] if ref is not None else None, beta=st.kl_beta,
+                ref_logprobs=ref[rows, cols] if ref is not None else None, beta=st.kl_beta, kl_clamp=st.kl_clamp,
                 entropy=entropy, entropy_coef=st.entropy_coef,
                 agg=st.loss_agg, norm_constant=st.norm_constant, **agg_totals,
             )

@@ -140,12 +140,13 @@ def test_pasodoble_counts_updates():
 
 
 # ttrl: TTRL's §4 (MATH-500: 64 votes, 32 trained, lr 5e-7 cosine, 3072 tokens) and its released verl scripts (every
-# one: the actor's KL loss 0.001; training top-p 1, verl's default; verl's dual clip 3 and weight decay 0.01; the
-# general-model scripts' temperature 0.6, which SmolLM2 takes); the code adds a 3% warm-up and verl's token-mean loss
+# one: the actor's KL loss 0.001, verl's low_var_kl clamped to [-10, 10]; training top-p 1, verl's default; verl's dual
+# clip 3 and weight decay 0.01; the general-model scripts' temperature 0.6, which SmolLM2 takes); the code adds a 3%
+# warm-up and verl's token-mean loss
 TTRL_CODE = {"vote_samples": 64, "train_samples": 32, "questions_per_step": 32, "pool_source": "math500",
              "subset": "first", "config.rollout.temperature": 0.6, "config.rollout.top_p": 1.0,
              "config.rollout.max_new_tokens": 3072, "train.lr": 5e-7, "train.lr_schedule": "cosine",
-             "train.kl_beta": 1e-3, "train.dual_clip": 3.0, "train.weight_decay": 0.01}
+             "train.kl_beta": 1e-3, "train.kl_clamp": 10.0, "train.dual_clip": 3.0, "train.weight_decay": 0.01}
 TTRL_TABLE = {
     "paper": {**TTRL_CODE, "pool_size": 500, "config.steps": 160, "train.lr_warmup_ratio": 0.0,
               "train.loss_agg": "seq_mean"},

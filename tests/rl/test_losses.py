@@ -282,3 +282,25 @@ def test_entropy_coef_zero_leaves_the_loss_bit_identical_and_only_reports_the_en
     bad = ENTROPY.clone()
     bad[0, 1] = math.nan
     assert policy_loss(_logp(), OLD, ADV, MASK, entropy=bad, entropy_coef=0.01)[1]["nonfinite"] is True
+
+
+def test_kl_clamp_caps_each_tokens_k3_and_its_gradient():
+    """verl's low_var_kl: k3 clamped per token (here at 0.5). d = ref - logp per token; k3 = e^d - d - 1:
+    seq 0 [0, 1.982 -> 0.5, 0.368], seq 1 [4.389 -> 0.5, 0.149]; token_mean: -0.16 + 0.1 * sum / 5."""
+    d = torch.tensor([[0.0, 1.5, -1.0], [2.0, 0.5, 0.0]], dtype=torch.float64)
+    k3 = [[0.0, min(math.exp(1.5) - 2.5, 0.5), math.exp(-1.0)], [min(math.exp(2.0) - 3.0, 0.5), math.exp(0.5) - 1.5]]
+    total = sum(map(sum, k3))
+    logp = _logp()
+    loss, stats = policy_loss(logp, OLD, ADV, MASK, ref_logprobs=(logp + d).detach(), beta=0.1, kl_clamp=0.5,
+                              agg="token_mean")
+    assert loss.item() == pytest.approx(-0.16 + 0.1 * total / 5, abs=1e-9)
+    assert stats["kl_mean"] == pytest.approx(total / 5)
+    loss.backward()
+    # KL part of d loss / d logp: -0.1 (e^d - 1) / 5 on unclamped tokens, 0 on the two clamped ones; the policy part
+    # is -rho A / 5 on unclipped tokens (seq 0 tokens 0 and 2, seq 1 token 1)
+    pg = torch.tensor([[-1.0, 0.0, -0.7], [0.0, 1.3, 0.0]], dtype=torch.float64) / 5
+    kl = -0.1 * torch.tensor([[0.0, 0.0, math.exp(-1.0) - 1], [0.0, math.exp(0.5) - 1, 0.0]], dtype=torch.float64) / 5
+    torch.testing.assert_close(logp.grad, pg + kl, atol=1e-9, rtol=0)
+    unclamped, _ = policy_loss(_logp(), OLD, ADV, MASK, ref_logprobs=(_logp() + d).detach(), beta=0.1,
+                               agg="token_mean")
+    assert unclamped.item() > loss.item() + 0.1 * 4 / 5  # 1.482 + 3.889 above the two caps
