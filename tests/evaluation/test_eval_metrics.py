@@ -50,6 +50,17 @@ def test_avg_and_mean_pass_at_k() -> None:
     assert mean_pass_at_k(correct, 4) == pytest.approx(2 / 3)
 
 
+def test_avg_at_k_weighs_every_question_equally_whatever_its_number_of_samples() -> None:
+    # 1 of 1 correct, 0 of 3, 1 of 4: per question (1 + 0 + 0.25) / 3 = 0.4166667; pooled over the 8 samples it
+    # would be 2 / 8 = 0.25
+    correct = [[True], [False, False, False], [False, True, False, False]]
+    assert avg_at_k(correct) == pytest.approx(1.25 / 3, abs=1e-12)
+    # 2 of 2 and 1 of 6: per question (1 + 1/6) / 2 = 0.5833333; pooled, 3 / 8 = 0.375
+    assert avg_at_k([[True, True], [True] + [False] * 5]) == pytest.approx(7 / 12, abs=1e-12)
+    with pytest.raises(ValueError):
+        avg_at_k([[True], []])
+
+
 def test_accuracy_and_default_ks() -> None:
     assert accuracy([True, False, False, True, True]) == pytest.approx(0.6)
     with pytest.raises(ValueError):

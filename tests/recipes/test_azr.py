@@ -5,7 +5,9 @@ with SIGKILL that resumes with its task buffers and trains as the uninterrupted 
 from __future__ import annotations
 
 import json
+import math
 import signal
+from types import SimpleNamespace
 
 import pytest
 from run_checks import assert_same_training, last_checkpoint, launch, run_killed, train_rows
@@ -14,6 +16,8 @@ from typer.testing import CliRunner
 from coevolve.cli import app
 from coevolve.config import ConfigError
 from coevolve.recipes import resolve
+from coevolve.recipes.azr import AZR, AZRParams, Proposed, Solved
+from coevolve.rollout import Completion
 from coevolve.tasks.triplets import INVALID_REASONS, KINDS
 
 # Three steps of B=4 tasks per type in the tiny program world: seeding fills each buffer to B*S = 8.
@@ -60,6 +64,27 @@ def test_without_a_sandbox_azr_refuses_in_one_line_unless_told_to_run_unconfined
     cfg, params, _ = resolve("azr", sets=["task=arith"])
     with pytest.raises(ConfigError, match="task=program"):
         make_world(cfg, params)
+
+
+def test_a_mixed_batch_has_six_baselines_one_per_task_type_and_role():
+    """TRR++ (Eq. 8) on a step's proposer and solver samples of the three types, interleaved: each sample is
+    normalised within its (type, role) group only (sample std, n - 1), by hand:
+    deduction proposer [0.75, -0.25]: mean 0.25, std 0.7071 -> +-0.7071;  solver [1, -0.5, -0.5]: mean 0, std 0.8660
+    -> [1.1547, -0.5774, -0.5774]; abduction proposer [-1, -1]: constant -> 0;  solver [1, -1] -> +-0.7071;
+    induction proposer [0.5, -0.5, 0]: mean 0, std 0.5 -> [1, -1, 0];  solver [1, 1]: constant -> 0.
+    Three groups by type would pool abduction's [-1, -1, 1, -1] (the proposers' advantage -0.5) and induction's
+    [0.5, -0.5, 0, 1, 1] (its solvers' 0.9204)."""
+    done = Completion(prompt="", prompt_ids=[1], token_ids=[5, 6], text="", logprobs=[-1.0, -1.0])
+    proposed = [Proposed(kind, done, [], reward=r) for kind, r in (
+        ("deduction", 0.75), ("abduction", -1.0), ("induction", 0.5), ("deduction", -0.25), ("induction", -0.5),
+        ("abduction", -1.0), ("induction", 0.0))]
+    solved = [Solved(kind, None, True, done, reward=r) for kind, r in (
+        ("abduction", 1.0), ("deduction", 1.0), ("induction", 1.0), ("deduction", -0.5), ("abduction", -1.0),
+        ("induction", 1.0), ("deduction", -0.5))]
+    AZR.advantages(SimpleNamespace(params=AZRParams()), proposed, solved)
+    z, third = 1 / math.sqrt(2), 0.5 / math.sqrt(0.75)
+    assert [q.advantage for q in proposed] == pytest.approx([z, 0.0, 1.0, -z, -1.0, 0.0, 0.0], abs=1e-5)
+    assert [s.advantage for s in solved] == pytest.approx([z, 2 * third, 0.0, -third, -z, 0.0, -third], abs=1e-5)
 
 
 @pytest.fixture(scope="module")

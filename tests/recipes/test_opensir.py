@@ -175,6 +175,21 @@ def test_trained_roles(random_model_dir, sets, roles):
     assert (recipe.teacher is recipe.policy) == (roles[0] == "generator")
 
 
+def test_min_pool_diversity_of_a_step_is_the_nearest_pool_members_distance(random_model_dir):
+    """Eq. 4 through the recipe: each valid problem's diversity is 1 - cos to its nearest problem of P_{t-1}."""
+    recipe, _ = make_recipe(random_model_dir, "params.diversity=min_pool")
+    # pool e1, e2, -e3; distances 1 - cos of c0 (0.4, 0.2, 1), c1 (1, 1, 2), c2 (1, 0.72, 0.04): nearest 0.2, 1, 0.04
+    # (the mean distance would be 0.533, 1.333, 0.587; the farthest member's 1, 2, 1)
+    vectors = {"p0": [1, 0, 0], "p1": [0, 1, 0], "p2": [0, 0, -1],
+               "c0": [0.6, 0.8, 0], "c1": [0, 0, 1], "c2": [0, 0.28, -0.96]}
+    recipe.embed_texts = lambda texts: np.array([vectors[t] for t in texts], dtype=np.float32)
+    recipe.pool = ProblemPool(["p0", "p1", "p2"])
+    recipe.pool_embeddings.clear()
+    div, embedded = recipe.diversity([Generation(f"c{i}", concepts=[], format_score=1.0) for i in range(3)])
+    np.testing.assert_allclose(div, [0.2, 1.0, 0.04], atol=1e-6)
+    np.testing.assert_array_equal(embedded, np.array([vectors[f"c{i}"] for i in range(3)], dtype=np.float32))
+
+
 def test_pool_persists_through_state_dict(random_model_dir):
     recipe, _ = stubbed(random_model_dir, "params.diversity=min_pool")
     recipe.step(1)

@@ -99,6 +99,23 @@ def test_pool_rows_carry_clusters(random_model_dir, space_dir):
     assert recipe.coverage.updates == 0  # the pool never touches the counts
 
 
+def test_the_pool_band_of_its_own_decides_the_pool(random_model_dir, space_dir):
+    """``params.pool_band`` [0.25, 0.5] with the reward band [0.5, 0.9]: of p = 1, 0.75, 0.5, 0.25 (4 labels each)
+    the pool keeps 0.5 and 0.25; the reward band would keep 0.75 and 0.5."""
+    for sets, kept in (((), [False, True, True, False]),
+                       (("params.pool_band=[0.25,0.5]",), [False, False, True, True])):
+        recipe, _ = make(random_model_dir, space_dir, "params.pool_size=4", *sets)
+        stub_questions(recipe, ["0+1", "1+2", "2+3", "3+1"])
+        stub_labels(recipe, [["1"] * 4, ["1", "1", "1", "2"], ["1", "1", "2", "3"], ["1", "2", "3", "4"]])
+        out = recipe.step(3)  # the first solver step builds the pool
+        rows = [r for r in records(out) if r["phase"] == "pool"]
+        assert [r["in_pool"] for r in rows] == kept, sets
+        texts = ["0+1", "1+2", "2+3", "3+1"]
+        assert sorted(i.question for i in recipe.pool) == [t for t, k in zip(texts, kept) if k]
+        assert sorted(i.p for i in recipe.pool) == sorted(p for p, k in zip([1.0, 0.75, 0.5, 0.25], kept) if k)
+        assert out.metrics["coverage/pool_active"] == 2 and out.metrics["pool/size"] == 2
+
+
 def test_resume_restores_counts(tmp_path, random_model_dir, space_dir):
     def recipe_for(steps):
         recipe, config = make(random_model_dir, space_dir, f"steps={steps}", "train.lr=1e-2")

@@ -77,6 +77,23 @@ def test_min_distance_diversity_known_vectors():
         min_distance_diversity(candidates, np.zeros((0, 2)))
 
 
+# Pool e1, e2, -e3 and three candidates whose cosines to it are exact: (0.6, 0.8, 0), (0, 0, 1), (0, 0.28, -0.96).
+NOVELTY_POOL = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -1.0]])
+NOVELTY_CANDIDATES = np.array([[0.6, 0.8, 0.0], [0.0, 0.0, 1.0], [0.0, 0.28, -0.96]])
+# distances 1 - cos: c1 (0.4, 0.2, 1), c2 (1, 1, 2), c3 (1, 0.72, 0.04); the nearest member's: 0.2, 1, 0.04. The mean
+# distance would be 0.5333, 1.3333, 0.5867 (and rank c3 above c1), the farthest member's 1, 2, 1.
+NEAREST = [0.2, 1.0, 0.04]
+
+
+def test_min_distance_diversity_is_the_distance_to_the_nearest_pool_member():
+    got = min_distance_diversity(NOVELTY_CANDIDATES, NOVELTY_POOL)
+    np.testing.assert_allclose(got, NEAREST, atol=1e-12)
+    assert got[0] > got[2]  # c1's nearest member is farther than c3's (by the mean distance, c3 is the more novel)
+    # the pool's order does not matter, and a candidate in the pool scores 0
+    np.testing.assert_allclose(min_distance_diversity(NOVELTY_CANDIDATES, NOVELTY_POOL[::-1]), NEAREST, atol=1e-12)
+    assert min_distance_diversity(NOVELTY_POOL[1:2], NOVELTY_POOL) == pytest.approx([0.0], abs=1e-12)
+
+
 def test_top_k_mean_diversity_known_vectors():
     pool = np.stack([_unit(0), _unit(60), _unit(180)])
     candidates = np.stack([_unit(0), _unit(90)])

@@ -80,6 +80,21 @@ def test_dr_grpo_is_mean_centred_only():
     np.testing.assert_array_equal(a[G5], [0.0, 0.0, 0.0, 0.0])
 
 
+def test_dr_grpo_keeps_the_scale_of_a_wide_group():
+    # rewards [0, 10, 20, 50]: mean 20, so r - mean = [-20, -10, 0, 30], exactly; the group's std is far from 1
+    # (unbiased sqrt(1400 / 3) = 21.60, population sqrt(1400 / 4) = 18.71), so any std scaling lands near +-1 instead.
+    # The other group, [1, 3, 8]: mean 4, centred [-3, -1, 4] (std 3.61).
+    rewards, groups = [0.0, 1.0, 10.0, 3.0, 20.0, 50.0, 8.0], [0, 1, 0, 1, 0, 0, 1]
+    expected = [-20.0, -3.0, -10.0, -1.0, 0.0, 30.0, 4.0]
+    for unbiased in (True, False):
+        np.testing.assert_array_equal(dr_grpo_advantages(rewards, groups, unbiased=unbiased), expected)
+        np.testing.assert_array_equal(compute_advantages("dr_grpo", rewards, groups, eps=1e-4, unbiased=unbiased),
+                                      expected)
+    np.testing.assert_array_equal(dr_grpo_advantages(torch.tensor(rewards), torch.tensor(groups)), expected)
+    # GRPO on the same group scales by the std: -20 / 21.602469 = -0.9258201, 30 / 21.602469 = 1.3887301
+    np.testing.assert_allclose(grpo_advantages(rewards, groups)[[0, 5]], [-0.9258201, 1.3887301], atol=1e-6)
+
+
 def test_dugrpo_values_and_sigma_b_over_nonzero_groups():
     # sigma_B = mean of the non-zero group stds = (1 + 2*sqrt(2)) / 2 = 1.9142136
     sigma_b = (1.0 + 2 * SQRT2) / 2

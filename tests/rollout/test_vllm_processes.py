@@ -127,10 +127,33 @@ def test_a_dead_rank_stops_every_rank_and_the_run_resumes_to_the_one_process_tra
               f"{gaps['weights']:.2e} (weights), {gaps['adam']:.2e} (AdamW moments)")
 
 
+def counting_prompts(monkeypatch, folder: Path) -> list[int]:
+    """Each call's number of prompts, as vLLM engines sample them: in this process (the list returned), and in every
+    process of a run started from here (``prompt_counts/sitecustomize.py``: ``folder/rank<R>.txt``)."""
+    from coevolve.rollout.vllm_engine import VLLMRolloutEngine
+
+    calls: list[int] = []
+    generate = VLLMRolloutEngine.generate
+
+    def counted(engine, prompts, params, seed):
+        calls.append(len(prompts))
+        return generate(engine, prompts, params, seed)
+
+    monkeypatch.setattr(VLLMRolloutEngine, "generate", counted)
+    folder.mkdir()
+    monkeypatch.setenv("COEVOLVE_TEST_PROMPT_COUNTS", str(folder))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(RANKS.with_name("prompt_counts")),
+                                                      *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return calls
+
+
 @pytest.mark.slow
-def test_two_role_recipe_with_vllm_on_two_sharded_processes_matches_one(small_tiny_arith, tmp_path, capsys):
+def test_two_role_recipe_with_vllm_on_two_sharded_processes_matches_one(small_tiny_arith, tmp_path, capsys,
+                                                                        monkeypatch):
     """R-Zero, both roles sampled by vLLM and trained, sharded with FSDP2 on 2 processes: two engines in each rank,
-    each taking its role's weights gathered from the shards; the samples, weights and AdamW state match one process."""
+    each taking its role's weights gathered from the shards; the samples, weights and AdamW state match one process;
+    each rank's engine sampled its half of every call (a rank sampling the whole call gives the same samples, at twice
+    the cost)."""
     args = ["run", "r_zero", "--quiet", *VLLM, "--set", f"model={small_tiny_arith[1]}", "--set", "steps=3",
             "--set", "eval_sets=[]", "--set", "params.questioner_steps=1", "--set", "params.solver_steps=2",
             "--set", "params.questioner_prompts=4", "--set", "params.questioner_group=4",
@@ -138,9 +161,12 @@ def test_two_role_recipe_with_vllm_on_two_sharded_processes_matches_one(small_ti
             "--set", "params.band=[0,1]", "--set", "params.solver_questions=4", "--set", "params.solver_group=8",
             "--set", "rollout.batch_size=8", "--set", "train.micro_batch_size=4", "--set", "train.lr=1e-3"]
     one, two = tmp_path / "one", tmp_path / "two"
+    one_process = counting_prompts(monkeypatch, tmp_path / "prompts")
     run_here(args, one)
     done = launch([*args, "--out", str(two), "--processes", "2", "--set", "train.fsdp=true"])
     assert done.returncode == 0, done.stderr[-2000:]
+    ranks = [[int(n) for n in (tmp_path / "prompts" / f"rank{r}.txt").read_text().split()] for r in (0, 1)]
+    assert sum(one_process) > 0 and ranks == [[-(-n // 2) for n in one_process], [n // 2 for n in one_process]]
     assert trained_steps(one, "questioner") == 1 and trained_steps(one, "solver") >= 1  # both roles train
     assert samples(one) == samples(two)
     assert_engines_sampled_the_trainers_policy(two, ("questioner", "solver"))
