@@ -1,13 +1,13 @@
 """Several nodes, simulated on one machine: two torchrun launchers (one per "node", one process each) meet at a c10d
 rendezvous on 127.0.0.1, each with a cache and a temp folder of its own (node-local disks), the run folder shared.
-The run resumes, trains, writes each checkpoint, row and sample file once (global rank 0 alone, whichever node it is
-on), and exports the folder the one-process run exports. The rank-to-device mapping of a multi-node launch (local
+The run resumes (from a one-process checkpoint, sharded), trains, writes each checkpoint, row and sample file once
+(global rank 0 alone, whichever node it is on), exports the folder the one-process run exports, and resumes again on
+one process. The rank-to-device mapping of a multi-node launch (local
 rank, not global rank) is checked without a GPU or vLLM."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,9 +16,12 @@ import types
 import pytest
 import torch
 from export_checks import assert_same_export
-from run_checks import UPDATE_GAP, assert_same_training, samples, train_rows
+from run_checks import DYNAMIC_RL_RUN, UPDATE_GAP
+from test_resume_scale import EVERY_STEP, assert_continues, rewound, run_here
 
 from coevolve import distributed
+
+POLICY = ("policy/loss", "policy/grad_norm")
 
 
 def free_port() -> int:
@@ -28,11 +31,14 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_nodes_resume_train_checkpoint_once_and_export(dynamic_rl_run, small_tiny_arith, tmp_path):
-    out = tmp_path / "run"
-    shutil.copytree(dynamic_rl_run, out)  # rewound to its checkpoint of step 2: the two nodes train step 3
-    shutil.rmtree(out / "checkpoints" / "step_000003")
-    (out / "summary.json").unlink()
+def test_two_nodes_resume_sharded_train_checkpoint_once_and_export(small_tiny_arith, tmp_path, capsys):
+    """Dynamic RL checkpointed on 1 process after step 1; steps 2-3 on the two nodes with FSDP (1 -> 2 processes:
+    the whole AdamW state loaded into shards); then step 3 again on 1 process from the checkpoint the nodes gathered
+    (2 -> 1). Both train as the straight one-process run (tests/test_resume_scale.py has the data-parallel case)."""
+    model = small_tiny_arith[1]
+    straight = tmp_path / "straight"
+    run_here(*DYNAMIC_RL_RUN, "--set", f"model={model}", *EVERY_STEP, "--out", straight)
+    out = rewound(straight, tmp_path / "nodes", 1)
     port = free_port()
     launchers = []
     for node in (0, 1):
@@ -43,20 +49,25 @@ def test_two_nodes_resume_train_checkpoint_once_and_export(dynamic_rl_run, small
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
                    f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                    "--rdzv-id=t42", f"--rdzv-conf=is_host={str(node == 0).lower()}", "--max-restarts=0",
-                   "-m", "coevolve", "run", "--resume", str(out), "--quiet"]
+                   "-m", "coevolve", "run", "--resume", str(out), "--quiet", "--set", "train.fsdp=true"]
         launchers.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True))
     outputs = [launcher.communicate(timeout=600) for launcher in launchers]
     assert [launcher.returncode for launcher in launchers] == [0, 0], [err[-2000:] for _, err in outputs]
     assert sum(err.count("run directory:") for _, err in outputs) == 1  # global rank 0 alone speaks and writes
     assert sum(o.count("done:") for o, _ in outputs) == 1
-    assert [r["step"] for r in train_rows(out)] == [1, 2, 3]  # each row once
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000002", "step_000003"]  # no leftovers
-    assert samples(out) == samples(dynamic_rl_run)  # each node sampled its share of the same global batch
-    assert_same_training(dynamic_rl_run, out, small_tiny_arith[1], ("policy/loss", "policy/grad_norm"))
-    assert_same_export(dynamic_rl_run, out, tmp_path, UPDATE_GAP)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step_00000{i}" for i in (1, 2, 3)]
+    gaps = assert_continues(straight, out, model, POLICY)  # each row once, the same samples and training
+    assert_same_export(straight, out, tmp_path, UPDATE_GAP)
     for node in (0, 1):  # nothing of the run went to a node's own folders (the model came from a path)
         assert not (tmp_path / f"node{node}" / "cache").exists()
+    back = rewound(out, tmp_path / "back", 2)  # config.yaml now says fsdp
+    run_here("run", "--resume", back, "--quiet", "--set", "train.fsdp=false")
+    back_gaps = assert_continues(straight, back, model, POLICY)
+    with capsys.disabled():
+        print(f"\ndynamic_rl 1 -> 2 nodes (FSDP) -> 1 process vs 1 throughout: |difference| / |update| = "
+              f"{gaps['weights']:.2e} / {back_gaps['weights']:.2e} (weights), {gaps['adam']:.2e} / "
+              f"{back_gaps['adam']:.2e} (AdamW moments)")
 
 
 @pytest.mark.parametrize("rank, local_rank", [(1, 0), (3, 1), (0, 0)])

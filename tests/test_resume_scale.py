@@ -4,8 +4,9 @@ and data order (the same samples), each step's loss and grad norm, the final wei
 state restored into the new layout: whole on 1 process, sharded on 2), every step logged once. A change that cannot
 be honoured is one line before any model loads.
 
-Each test takes one 2-process launch (the slow part on 2 cores); the uninterrupted runs and the 1-process resumes run
-in this process."""
+The sharded case (Dynamic RL 1 -> 2 with FSDP -> 1) shares its 2-process launch with the two-node test
+(tests/test_multinode.py). Each test takes one 2-process launch (the slow part on 2 cores); the uninterrupted runs
+and the 1-process resumes run in this process."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from run_checks import DYNAMIC_RL_RUN, assert_same_training, launch, samples, train_rows
+from run_checks import assert_same_training, launch, samples, train_rows
 from test_faults_cli import model_loaders
 from typer.testing import CliRunner
 
@@ -51,27 +52,6 @@ def assert_continues(straight: Path, resumed: Path, model_dir: Path, series: tup
     assert samples(resumed) == samples(straight)
     assert [r["step"] for r in train_rows(resumed)] == [r["step"] for r in train_rows(straight)]
     return assert_same_training(straight, resumed, model_dir, series)
-
-
-@pytest.mark.slow
-def test_one_process_to_two_sharded_and_back_to_one(small_tiny_arith, tmp_path, capsys):
-    """Dynamic RL checkpointed on 1 process after step 1, steps 2-3 on 2 processes with FSDP (the whole AdamW state
-    loaded into shards), then step 3 again on 1 process from the checkpoint the sharded run gathered."""
-    model = small_tiny_arith[1]
-    straight = tmp_path / "straight"
-    run_here(*DYNAMIC_RL_RUN, "--set", f"model={model}", *EVERY_STEP, "--out", straight)
-    sharded = rewound(straight, tmp_path / "sharded", 1)
-    done = launch(["run", "--resume", str(sharded), "--quiet", "--processes", "2", "--set", "train.fsdp=true"])
-    assert done.returncode == 0, done.stderr[-2000:]
-    gaps = assert_continues(straight, sharded, model, ("policy/loss", "policy/grad_norm"))
-    # the checkpoint of step 2, written by the sharded run, read by one process (config.yaml now says fsdp)
-    back = rewound(sharded, tmp_path / "back", 2)
-    run_here("run", "--resume", back, "--quiet", "--set", "train.fsdp=false")
-    back_gaps = assert_continues(straight, back, model, ("policy/loss", "policy/grad_norm"))
-    with capsys.disabled():
-        print(f"\ndynamic_rl 1 -> 2 (FSDP) -> 1 processes vs 1 throughout: |difference| / |update| = "
-              f"{gaps['weights']:.2e} / {back_gaps['weights']:.2e} (weights), {gaps['adam']:.2e} / "
-              f"{back_gaps['adam']:.2e} (AdamW moments)")
 
 
 @pytest.mark.slow
