@@ -84,6 +84,7 @@ def space_dir(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_a_resume_draws_what_the_uninterrupted_run_draws(name, tmp_path, small_tiny_arith, space_dir, request):
     """On the tiny test builds, which write valid questions now and then (a random model never does, and the
