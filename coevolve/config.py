@@ -389,7 +389,8 @@ def check_runtime(config: RunConfig, processes: int = 1, fsdp_unsupported: str |
     if config.train.fsdp:
         if processes < 2:
             raise ConfigError("config key 'train.fsdp': sharding needs several processes (--processes N, torchrun "
-                              "or accelerate launch)")
+                              "or accelerate launch); a sharded run resumes on one process with "
+                              "--set train.fsdp=false")
         for on, why in ((config.train.lora is not None, "train.lora"),
                         (config.train.offload_idle_role, "train.offload_idle_role"),
                         (config.train.compile, "train.compile"),

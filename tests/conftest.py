@@ -81,7 +81,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 # first: each xdist worker starts on one while the other files fill in around them, so the two finish together
 # (pyproject's --no-loadscope-reorder keeps this order; xdist's default reorders files by their number of tests, which
 # sent the long files with few tests last and left one worker idle at the end).
-LONG_FILES = ("test_vllm_processes.py", "test_distributed.py", "test_real_lm_loop.py")
+LONG_FILES = ("test_vllm_processes.py", "test_distributed.py", "test_real_lm_loop.py", "test_resume_scale.py",
+              "test_multinode.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
