@@ -152,7 +152,7 @@ def run(
             raise
         kept = f"the completed steps are kept: free space, then coevolve run --resume {out_dir}" \
             if (out_dir / "config.yaml").exists() else "the run had not started"
-        _fail(f"no space left on the device while writing {exc.filename or out_dir}; {kept}")
+        _fail(f"no space left on the device while writing {exc.filename or out_dir}; {kept}", 2)
     except KeyboardInterrupt as exc:
         code = 143 if isinstance(exc, _Terminated) else 130
         if not (out_dir / "config.yaml").exists():

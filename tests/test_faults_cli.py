@@ -257,11 +257,38 @@ def test_a_full_disk_is_one_line_and_the_run_resumes(tmp_path, random_model_dir,
 
     out = tmp_path / "run"
     monkeypatch.setattr(store, "_write_checkpoint", full_at_step_2)
-    line = one_error(tiny_run(random_model_dir, out, steps=2), 1)
+    line = one_error(tiny_run(random_model_dir, out, steps=2), 2)
     assert "no space left" in line and "--resume" in line and "solver.optim.safetensors" in line
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]
     monkeypatch.setattr(store, "_write_checkpoint", real)
     assert invoke("run", "--resume", out, "--quiet").exit_code == 0
+    assert train_steps(out) == [1, 2]
+
+
+def test_a_full_disk_in_safetensors_is_one_line_and_keeps_the_last_checkpoint(tmp_path, random_model_dir,
+                                                                              monkeypatch):
+    """safetensors reports a full disk as its own error (``SafetensorError: ... No space left on device (os error
+    28)``), at the step's checkpoint and again on resume while the disk is still full: one line each time, exit code
+    2, step 1's checkpoint intact and no temporary folder left."""
+    from safetensors import SafetensorError
+
+    from coevolve import store
+
+    real = store.save_file
+
+    def full(tensors, filename, *args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    out = tmp_path / "run"
+    assert tiny_run(random_model_dir, out).exit_code == 0
+    step_1 = tree(out / "checkpoints")
+    monkeypatch.setattr(store, "save_file", full)
+    for _ in range(2):
+        line = one_error(invoke("run", "--resume", out, "--quiet", "--set", "steps=2"), 2)
+        assert "no space left" in line and "optim.safetensors" in line and f"--resume {out}" in line, line
+        assert tree(out / "checkpoints") == step_1
+    monkeypatch.setattr(store, "save_file", real)
+    assert invoke("run", "--resume", out, "--quiet", "--set", "steps=2").exit_code == 0
     assert train_steps(out) == [1, 2]
 
 
