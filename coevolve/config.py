@@ -1,8 +1,8 @@
 """The run config: typed and validated; layered from recipe defaults, a preset, a YAML file and --set.
 
-Every key is checked: an unknown key, a wrong type or a non-finite number raises ``ConfigError`` with one line that
-names the key, before anything is written. Config files and ``--set`` values are capped in size (YAML aliases
-expanded), so an alias bomb is one short error instead of a hang.
+Every key is checked: an unknown key, a wrong type (true or 2.5 for a count) or a non-finite number raises
+``ConfigError`` with one line that names the key, before anything is written. Config files and ``--set`` values are
+capped in size (YAML aliases expanded), so an alias bomb is one short error instead of a hang.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import re
 import reprlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 # Tokens per forward/backward pass on a GPU when train.micro_batch_tokens is unset (H200, 1.5B: 27% of the bf16 peak
 # against 22% for passes of 8 x 640-token sequences; 0.5B: 14% against 8%; bench/README.md).
@@ -51,10 +51,10 @@ class VLLMConfig(Strict):
 
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="CUDA: share of GPU memory per engine")
     kv_cache_gib: float = Field(0.5, gt=0, description="CPU: KV-cache size per engine, GiB")
-    max_model_len: int | None = Field(None, gt=0, description="context in tokens; default min(model's, 4096)")
+    max_model_len: StrictInt | None = Field(None, gt=0, description="context in tokens; default min(model's, 4096)")
     sleep: bool = Field(True, description="CUDA: free the engine's weights and KV cache while the trainer runs")
-    tensor_parallel_size: int = Field(1, ge=1, description="ranks (one GPU each) that run one engine together; it "
-                                      "must divide the number of processes")
+    tensor_parallel_size: StrictInt = Field(1, ge=1, description="ranks (one GPU each) that run one engine together; "
+                                            "it must divide the number of processes")
 
 
 class SamplingOverride(Strict):
@@ -63,8 +63,8 @@ class SamplingOverride(Strict):
 
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
-    max_new_tokens: int | None = Field(None, gt=0)
+    top_k: StrictInt | None = Field(None, ge=0)
+    max_new_tokens: StrictInt | None = Field(None, gt=0)
 
 
 class SamplingConfig(Strict):
@@ -73,9 +73,9 @@ class SamplingConfig(Strict):
     engine: Literal["hf", "vllm"] = Field("hf", description="hf: our transformers token loop; vllm: in-process vLLM")
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    max_new_tokens: int = Field(64, gt=0)
-    batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+    top_k: StrictInt = Field(0, ge=0)
+    max_new_tokens: StrictInt = Field(64, gt=0)
+    batch_size: int | Literal["auto"] = Field(
         "auto", description="hf engine: prompts per forward pass while sampling; auto: on CUDA as many as the free "
         "device memory holds for the call's prompts and token budget (halved and retried on an out-of-memory error), "
         "64 elsewhere")
@@ -85,7 +85,7 @@ class SamplingConfig(Strict):
         "that has it, fp32 otherwise")
     cuda_graphs: bool = Field(True, description="hf engine, bf16 copy on CUDA: replay each decoding step as a CUDA "
                               "graph")
-    sync_every: int = Field(16, gt=0, description="hf engine, bf16 copy: tokens between the host's checks for "
+    sync_every: StrictInt = Field(16, gt=0, description="hf engine, bf16 copy: tokens between the host's checks for "
                             "finished rows and stop strings")
     keep_sampler: bool = Field(True, description="hf engine: keep the bf16 copy and the decoding buffers between "
                                "calls (false: free them after each call)")
@@ -94,10 +94,18 @@ class SamplingConfig(Strict):
                                       "of training (r_zero / prism: the solver's votes for p(q) and for the pool's "
                                       "labels); unset fields: the training rollouts' values above")
 
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _prompts_or_auto(cls, value: Any) -> Any:
+        """A positive whole number or auto (true is not a batch size; a union's own error would name its branches)."""
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise ValueError("a number of prompts above 0 or auto")
+        return value
+
 
 class LoraSettings(Strict):
-    r: int = Field(8, gt=0)
-    lora_alpha: int = Field(16, gt=0)
+    r: StrictInt = Field(8, gt=0)
+    lora_alpha: StrictInt = Field(16, gt=0)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] | str = "all-linear"
 
@@ -108,14 +116,14 @@ class TrainConfig(Strict):
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0)
-    mini_batch_size: int = Field(0, ge=0, description="sequences per optimizer step; 0 = whole batch")
-    micro_batch_size: int = Field(8, gt=0)
-    micro_batch_tokens: int | None = Field(None, gt=0, description="tokens per forward/backward pass instead of "
+    mini_batch_size: StrictInt = Field(0, ge=0, description="sequences per optimizer step; 0 = whole batch")
+    micro_batch_size: StrictInt = Field(8, gt=0)
+    micro_batch_tokens: StrictInt | None = Field(None, gt=0, description="tokens per forward/backward pass instead of "
                                            "micro_batch_size sequences (a shared prompt counts once when packed); "
                                            "unset: 16,384 on a GPU for models whose log-prob head runs in chunks "
                                            "(Llama, Mistral, Qwen2, Qwen3), lowered at each update to what the "
                                            "free GPU memory holds; micro_batch_size sequences otherwise")
-    epochs: int = Field(1, gt=0)
+    epochs: StrictInt = Field(1, gt=0)
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.2, ge=0)
     dual_clip: float | None = Field(None, gt=1, description="dual-clip PPO: the loss of a token with A < 0 is capped "
@@ -140,7 +148,7 @@ class TrainConfig(Strict):
         "phase_start, its weights at the start of each of its phases (recipes with phases), as when each phase is a "
         "new training job whose reference is the job's starting model (R-Zero's and Prism's code)")
     loss_agg: LossAgg = "seq_mean"
-    norm_constant: int | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
+    norm_constant: StrictInt | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
     lora: LoraSettings | None = None
     dtype: Precision = Field(
         "auto", description="bf16: mixed precision (bf16 autocast for forward and backward, fp32 weights and AdamW "
@@ -161,8 +169,8 @@ class RoleSettings(Strict):
     run's ``train`` value. The roles are the recipe's (``coevolve recipes``; R-Zero's questioner and solver)."""
 
     lr: float | None = Field(None, gt=0)
-    mini_batch_size: int | None = Field(None, ge=0, description="sequences per AdamW step (0: the whole batch)")
-    epochs: int | None = Field(None, gt=0, description="passes over the role's rollout batch")
+    mini_batch_size: StrictInt | None = Field(None, ge=0, description="sequences per AdamW step (0: the whole batch)")
+    epochs: StrictInt | None = Field(None, gt=0, description="passes over the role's rollout batch")
     lr_schedule: LrSchedule | None = Field(None, description="the role's lr over each of its phases")
     optimizer_reset: OptimizerReset | None = Field(None, description="a fresh AdamW at each of the role's phases")
 
@@ -173,8 +181,8 @@ class RunConfig(Strict):
     recipe: str
     model: str = "tiny-arith"
     task: str = "arith"
-    seed: int = 0
-    steps: int = Field(50, ge=0)
+    seed: StrictInt = 0
+    steps: StrictInt = Field(50, ge=0)
     data_dir: str | None = None
     trust_remote_code: bool = False
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available (cuda:<local rank> "
@@ -183,16 +191,16 @@ class RunConfig(Strict):
     train: TrainConfig = TrainConfig()
     roles: dict[str, RoleSettings] = Field({}, description="per-role update settings over train.* (roles.<role>.lr, "
                                            "mini_batch_size, epochs, lr_schedule, optimizer_reset)")
-    eval_every: int = Field(10, ge=0, description="evaluate every N steps (0 = only at start and end)")
+    eval_every: StrictInt = Field(10, ge=0, description="evaluate every N steps (0 = only at start and end)")
     eval_sets: list[str] | None = Field(None, description="default: the task's sets (arith: levels 1-6)")
-    eval_limit: int | None = Field(200, gt=0, description="questions per evaluation set")
-    eval_max_new_tokens: int = Field(96, gt=0, description="arith: the longest level-6 trace is 82 characters")
+    eval_limit: StrictInt | None = Field(200, gt=0, description="questions per evaluation set")
+    eval_max_new_tokens: StrictInt = Field(96, gt=0, description="arith: the longest level-6 trace is 82 characters")
     eval_preset: str = Field("greedy", description="sampling of the in-training evaluation: a `coevolve eval` "
                              "preset (greedy; a paper's protocol such as ttrl: avg@16 at temperature 0.6, n times "
                              "the cost); eval_max_new_tokens stays the budget")
     frozen_generator: bool = Field(False, description="two-role recipes: never update the generator (baseline)")
-    checkpoint_every: int = Field(1, gt=0)
-    keep_checkpoints: int = Field(2, gt=0)
+    checkpoint_every: StrictInt = Field(1, gt=0)
+    keep_checkpoints: StrictInt = Field(2, gt=0)
     report_to: list[Literal["tensorboard", "wandb"]] = Field(["tensorboard"], description="where the run also "
                                                              "reports its metrics (wandb: pip install "
                                                              "'coevolve[wandb]')")
