@@ -4,9 +4,10 @@ A new run starts only in an absent or empty folder, or, with ``overwrite``, over
 what coevolve writes into a run directory (``RUN_LAYOUT``: names and folders only a run, ``coevolve eval RUN`` or
 ``coevolve report`` write). The whole removal is planned before anything is deleted: anything else in the folder or
 in any of its run folders (a user's file, a symlink, a folder where a run writes a file) refuses it with one line
-and nothing is removed; symlinks are never followed. A resumed run needs the folder's ``config.yaml``. While a run
-writes, it holds an exclusive lock on ``RUN/.lock``, so a second writer is refused. A run that stops before it wrote
-``config.yaml`` leaves the folder as it found it.
+and nothing is removed; symlinks are never followed. A resume that falls back past a damaged checkpoint removes what
+the run wrote after it by the same rule (``RunStore.truncate_after``). A resumed run needs the folder's
+``config.yaml``. While a run writes, it holds an exclusive lock on ``RUN/.lock``, so a second writer is refused. A run
+that stops before it wrote ``config.yaml`` leaves the folder as it found it.
 """
 
 from __future__ import annotations
