@@ -19,6 +19,12 @@ damage kinds); this runs larger, randomized versions and prints what was tried a
   folders (a file, a folder where a run writes a file, a symlink in place of a run's file or folder), then
   ``--overwrite``; held: with something of the user's, one error line (exit code 2) naming it and not a byte changed
   (symlink targets included); with nothing, a fresh 1-step run in the folder and nothing of the old one left;
+- rundir: a resume past a damaged checkpoint with a note of the user's in ``eval/step_N`` (held: refused in one
+  line, nothing changed; without the note it resumes and keeps user files named ``step_*``), W&B online with no API
+  key and with no server (a closed local port; held: one warning, the run logs offline), ``--overwrite`` with a file
+  of the user's in a W&B run folder (held: refused, untouched), ``train.kl_beta=1e308`` (held: one error line, exit 1,
+  not ``done``), a full disk on a 3 MiB tmpfs (root only; held: one line, exit 2, the last checkpoint intact, and a
+  resume once space is freed);
 - early: every bad command of ``tests/test_faults_cli.py``'s ``config_errors`` with an empty model cache and model
   loading replaced by a tripwire; held: one error line with the expected exit code before any model was loaded or
   built, nothing written.
@@ -360,6 +366,104 @@ def probe_overwrites(n: int, seed: int, model: Path, reference: Path, work: Path
             "held": all(h == t for t, h in outcomes.values())}
 
 
+def _run_cli(args: list[str], env: dict[str, str] | None = None) -> tuple[int, list[str], str]:
+    """A ``coevolve run`` in a subprocess (``env``: its whole environment, default this one's): (exit code, its
+    ``error:`` lines, its whole stderr)."""
+    done = subprocess.run(_cli(args), capture_output=True, text=True,
+                          env={**(os.environ if env is None else env), "OMP_NUM_THREADS": "1"})
+    return done.returncode, [line for line in done.stderr.splitlines() if line.startswith("error:")], done.stderr
+
+
+def _short_run(model: Path, out: Path, steps: int, *sets: str) -> list[str]:
+    return ["grpo", "--out", str(out), *[a for s in [f"model={model}", *KILL_SETS, f"steps={steps}", *sets]
+                                         for a in ("--set", s)]]
+
+
+def _full_disk_rows(model: Path, work: Path) -> list[dict[str, Any]]:
+    """A run on a 3 MiB tmpfs filled to 100 KB after step 1: the checkpoint of step 2, then a resume while the disk is
+    still full, then one after space is freed. Needs root to mount the tmpfs; without it, one row says so."""
+    disk = work / "small-disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], capture_output=True).returncode:
+        return [{"probe": "full disk during a checkpoint", "held": None, "detail": "not tried: mounting a tmpfs "
+                 "needs root"}]
+    rows = []
+    try:
+        out = disk / "run"
+        code, _, _ = _run_cli(_short_run(model, out, 1))
+        free = shutil.disk_usage(disk).free
+        (disk / "filler").write_bytes(b"\0" * max(free - 100_000, 0))
+        kept = _tree(out / "checkpoints")
+        for attempt in ("full disk during a checkpoint", "resume while the disk is still full"):
+            code, errors, stderr = _run_cli(["--resume", str(out), "--set", "steps=3"])
+            rows.append({"probe": attempt, "held": code == 2 and len(errors) == 1 and "no space left" in errors[0]
+                         and "Traceback" not in stderr and _tree(out / "checkpoints") == kept,
+                         "detail": errors[0][:160] if errors else stderr[-160:]})
+        (disk / "filler").unlink()
+        code, _, _ = _run_cli(["--resume", str(out), "--set", "steps=3"])
+        rows.append({"probe": "resume after space is freed", "held": code == 0
+                     and [r["step"] for r in RunStore(out).metrics() if "solver/loss" in r] == [1, 2, 3], "detail": ""})
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    return rows
+
+
+def probe_rundir(model: Path, work: Path) -> dict[str, Any]:
+    """The run folder's rules beyond --overwrite: resume past a damaged checkpoint removes only what the run wrote
+    (a note of the user's in eval/step_N refuses it, user files named step_* stay and stop nothing); --overwrite
+    keeps a file of the user's inside W&B's folders; a full disk; W&B online with no key or no server (a closed
+    port on this machine, never the network); a run whose every update is skipped."""
+    rows = []
+    base = work / "rundir"
+    base.mkdir()
+
+    out = base / "damaged"
+    _run_cli(_short_run(model, out, 2))
+    (out / "checkpoints" / "step_000002" / "solver.safetensors").write_bytes(b"truncated")
+    for name in ("eval/step_000002/summary.json", "eval/step_000002/notes.txt", "samples/step_notes.txt",
+                 "eval/step_best/mine.csv"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("mine\n")
+    before = _tree(out)
+    code, errors, stderr = _run_cli(["--resume", str(out)])
+    rows.append({"probe": "resume past a damaged checkpoint, a note in eval/step_N", "held": code == 2
+                 and len(errors) == 1 and "eval/step_000002/notes.txt" in errors[0] and _tree(out) == before,
+                 "detail": errors[0][:160] if errors else stderr[-160:]})
+    (out / "eval" / "step_000002" / "notes.txt").unlink()
+    code, errors, stderr = _run_cli(["--resume", str(out)])
+    rows.append({"probe": "the same resume without the note; user files named step_*", "held": code == 0
+                 and not (out / "eval" / "step_000002").exists() and (out / "samples" / "step_notes.txt").exists()
+                 and (out / "eval" / "step_best" / "mine.csv").exists(), "detail": stderr[-160:] if code else ""})
+
+    wandb_env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR")}
+    for name in ("CACHE_DIR", "CONFIG_DIR", "DATA_DIR", "ARTIFACT_DIR"):  # W&B's run folder: RUN/wandb
+        wandb_env[f"WANDB_{name}"] = str(base / f"wandb-{name.lower()}")
+    wandb_env.update(WANDB_SILENT="true", WANDB_BASE_URL="http://127.0.0.1:9", WANDB_INIT_TIMEOUT="5")
+    for trouble, key in (("no API key", {}), ("no server", {"WANDB_API_KEY": "a" * 40})):
+        out = base / f"wandb-{trouble.replace(' ', '-')}"
+        started = time.perf_counter()
+        code, errors, stderr = _run_cli(_short_run(model, out, 1, "report_to=[wandb]"), {**wandb_env, **key})
+        warned = [line for line in stderr.splitlines() if "W&B online failed" in line]
+        rows.append({"probe": f"W&B online, {trouble}", "held": code == 0 and len(warned) == 1
+                     and "Traceback" not in stderr and bool(list((out / "wandb").glob("offline-run-*"))),
+                     "detail": f"{time.perf_counter() - started:.0f} s; " + (warned[0][:120] if warned
+                                                                            else stderr[-120:])})
+    out = base / "wandb-no-server"
+    for offline in (out / "wandb").glob("offline-run-*"):
+        (offline / "files" / "notes.txt").write_text("mine\n")
+    before = _tree(out)
+    code, errors, _ = _run_cli(_short_run(model, out, 1) + ["--overwrite"])
+    rows.append({"probe": "--overwrite, a file of the user's inside a W&B run folder", "held": code == 2
+                 and len(errors) == 1 and "notes.txt" in errors[0] and _tree(out) == before,
+                 "detail": errors[0][:160] if errors else ""})
+
+    code, errors, stderr = _run_cli(_short_run(model, base / "kl", 2, "train.kl_beta=1e308"))
+    rows.append({"probe": "train.kl_beta=1e308: every update skipped", "held": code == 1 and len(errors) == 1
+                 and "every update of the run was skipped" in errors[0], "detail": errors[0][:160] if errors else ""})
+    rows += _full_disk_rows(model, base)
+    return {"rows": rows, "held": all(r["held"] is not False for r in rows)}
+
+
 def probe_early(work: Path) -> dict[str, Any]:
     """Every bad command the tests know, with an empty model cache and model loading replaced by a tripwire."""
     from typer.testing import CliRunner
@@ -436,6 +540,8 @@ def print_table(results: dict[str, Any]) -> None:
     if "overwrites" in results:
         for kind, row in results["overwrites"]["outcomes"].items():
             summary.add_row(f"--overwrite: {kind}", str(row["tried"]), f"{row['held']}/{row['tried']}", "")
+    for row in results.get("rundir", {}).get("rows", []):
+        summary.add_row(row["probe"], "1", {True: "yes", False: "NO", None: "-"}[row["held"]], row["detail"][:100])
     if "early" in results:
         cases = results["early"]["cases"]
         summary.add_row("bad command, empty model cache", f"{len(cases)} commands",
@@ -453,6 +559,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--damages", type=int, default=40, help="damaged-checkpoint variants (0: none)")
     parser.add_argument("--overwrites", type=int, default=20, help="--overwrite variants (0: none)")
     parser.add_argument("--no-early", dest="early", action="store_false", help="skip the bad-command probe")
+    parser.add_argument("--no-rundir", dest="rundir", action="store_false", help="skip the run-folder probes (resume "
+                        "past damage with user files, W&B folders and fallback, full disk, all updates skipped)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "faults.json")
     return parser.parse_args(argv)
@@ -472,7 +580,7 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             results["early"] = probe_early(Path(scratch))
         print(f"early done ({time.perf_counter() - started:.0f} s)", flush=True)
-    if args.kills or args.damages or args.overwrites:
+    if args.kills or args.damages or args.overwrites or args.rundir:
         with tempfile.TemporaryDirectory() as scratch:
             work = Path(scratch)
             model = save_random_llama(work / "model", hidden=32)
@@ -491,6 +599,9 @@ def main(argv: list[str] | None = None) -> None:
             if args.overwrites:
                 results["overwrites"] = probe_overwrites(args.overwrites, args.seed, model, reference, work)
                 print(f"overwrites done ({time.perf_counter() - started:.0f} s)", flush=True)
+            if args.rundir:
+                results["rundir"] = probe_rundir(model, work)
+                print(f"run folder done ({time.perf_counter() - started:.0f} s)", flush=True)
     results["wall_s"] = time.perf_counter() - started
     write_json(args.out, {**header, "machine": machine_info(), "args": vars(args) | {"out": str(args.out)},
                           "results": results})

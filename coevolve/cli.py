@@ -83,7 +83,7 @@ def run(
     from coevolve import distributed
     from coevolve.config import ConfigError, check_runtime, settings_help
     from coevolve.documents import DocumentError
-    from coevolve.loop import NonFiniteWeights
+    from coevolve.loop import NonFiniteWeights, NothingTrained
     from coevolve.loop import run as run_loop
     from coevolve.models import ModelNotFoundError, prepare_builtin
     from coevolve.recipes import resolve, resolve_saved
@@ -103,6 +103,10 @@ def run(
             if recipe is not None and recipe != cfg.recipe:
                 _fail(f"{resume} holds a {cfg.recipe} run, not {recipe}", 2)
             held = max(RunStore(resume).checkpoint_steps(), default=0)
+            trained = _trained_by(RunStore(resume), held, cfg.recipe, cls.roles)
+            if trained:
+                _fail(f"{resume}/config.yaml names recipe {cfg.recipe}, but the run's checkpoints were written by "
+                      f"{trained}: the config's recipe differs from the run's; put back the recipe it trained", 2)
             if cfg.steps < held:
                 _fail(f"{resume} already holds {held} completed steps, more than steps={cfg.steps}; --resume "
                       f"continues a run to a larger steps value (evaluate a checkpoint with coevolve eval "
@@ -129,6 +133,7 @@ def run(
         if cfg.rollout.engine == "vllm":
             require_vllm()
         cls.check_inputs(cfg, params)  # benchmark files, document sources, question pools
+        _check_lora_targets(cfg)
     except (ConfigError, RunDirError, EngineUnavailable) as exc:
         _fail(str(exc), 2)
     except KeyError as exc:  # a recipe's data set name (params.train_split, params.dev_source) that is not a set
@@ -152,15 +157,16 @@ def run(
     except (ConfigError, RunDirError) as exc:
         _fail(str(exc), 2)
     except (ModelNotFoundError, TaskDataError, EngineUnavailable, PromptTooLong, NonFiniteWeights, FileNotFoundError,
-            distributed.DistributedSetupError, CheckpointDamaged) as exc:
-        resumable = resume is None and (out_dir / "config.yaml").exists() and not isinstance(exc, NonFiniteWeights)
+            distributed.DistributedSetupError, CheckpointDamaged, NothingTrained) as exc:
+        resumable = resume is None and (out_dir / "config.yaml").exists() \
+            and not isinstance(exc, (NonFiniteWeights, NothingTrained))
         _fail(f"{exc}; the run directory is kept: continue with --resume {out_dir}" if resumable else str(exc))
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         kept = f"the completed steps are kept: free space, then coevolve run --resume {out_dir}" \
             if (out_dir / "config.yaml").exists() else "the run had not started"
-        _fail(f"no space left on the device while writing {exc.filename or out_dir}; {kept}")
+        _fail(f"no space left on the device while writing {exc.filename or out_dir}; {kept}", 2)
     except KeyboardInterrupt as exc:
         code = 143 if isinstance(exc, _Terminated) else 130
         if not (out_dir / "config.yaml").exists():
@@ -170,6 +176,55 @@ def run(
         return
     typer.echo(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s  "
                f"{accuracy_line(summary.get('final_eval') or {})}")
+
+
+def _trained_by(store, step: int, recipe: str, roles: tuple[str, ...]) -> str | None:
+    """What wrote checkpoint ``step`` where it is not ``recipe``: the recipe it records, or the roles it holds where
+    it records none (written before checkpoints recorded it); None where they agree or nothing is readable."""
+    import json
+
+    if not step:
+        return None
+    try:
+        written = json.loads((store.checkpoints_dir / f"step_{step:06d}" / "state.json").read_bytes())
+        name = written["recipe"].get("recipe_name")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # a damaged checkpoint: the resume sets it aside and says so
+    if isinstance(name, str):
+        return None if name == recipe else f"recipe {name}"
+    held = {role for role in store.checkpoint_roles(step) if not role.endswith("_reference")}
+    return f"a recipe with the roles {', '.join(sorted(held))}" if held and held != set(roles) else None
+
+
+def _check_lora_targets(cfg) -> None:
+    """ConfigError unless peft finds ``train.lora.target_modules`` in the run's model, checked on a copy built on the
+    meta device from the model's config (no weights, nothing loaded): the built-in models are Llamas, whose module
+    names do not depend on their sizes; a local folder has its config.json; a hub id is checked when it loads."""
+    if cfg.train.lora is None:
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+
+    from coevolve.config import ConfigError
+    from coevolve.models import BUILTIN_MODELS
+    from coevolve.rl.trainer import wrap_lora
+
+    if cfg.model in BUILTIN_MODELS:
+        architecture = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2)
+    elif (Path(cfg.model) / "config.json").is_file():
+        try:
+            architecture = AutoConfig.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
+        except (OSError, ValueError):
+            return  # the model's own load says what is wrong with it
+    else:
+        return
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(architecture, trust_remote_code=cfg.trust_remote_code)
+    try:
+        wrap_lora(model, cfg.train.lora.model_dump())
+    except ValueError as exc:  # peft: a target module the model does not have
+        raise ConfigError(f"config key 'train.lora.target_modules': {str(exc).splitlines()[0]}") from None
 
 
 def _launch_ranks(processes: int, out_dir: Path) -> None:

@@ -1,8 +1,8 @@
 """The run config: typed and validated; layered from recipe defaults, a preset, a YAML file and --set.
 
-Every key is checked: an unknown key, a wrong type or a non-finite number raises ``ConfigError`` with one line that
-names the key, before anything is written. Config files and ``--set`` values are capped in size (YAML aliases
-expanded), so an alias bomb is one short error instead of a hang.
+Every key is checked: an unknown key, a wrong type (true or 2.5 for a count) or a non-finite number raises
+``ConfigError`` with one line that names the key, before anything is written. Config files and ``--set`` values are
+capped in size (YAML aliases expanded), so an alias bomb is one short error instead of a hang.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import reprlib
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
 # Tokens per forward/backward pass on a GPU when train.micro_batch_tokens is unset (H200, 1.5B: 27% of the bf16 peak
@@ -54,10 +54,10 @@ class VLLMConfig(Strict):
 
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="CUDA: share of GPU memory per engine")
     kv_cache_gib: float = Field(0.5, gt=0, description="CPU: KV-cache size per engine, GiB")
-    max_model_len: int | None = Field(None, gt=0, description="context in tokens; default min(model's, 4096)")
+    max_model_len: StrictInt | None = Field(None, gt=0, description="context in tokens; default min(model's, 4096)")
     sleep: bool = Field(True, description="CUDA: free the engine's weights and KV cache while the trainer runs")
-    tensor_parallel_size: int = Field(1, ge=1, description="ranks (one GPU each) that run one engine together; it "
-                                      "must divide the number of processes")
+    tensor_parallel_size: StrictInt = Field(1, ge=1, description="ranks (one GPU each) that run one engine "
+                                            "together; it must divide the number of processes")
 
 
 class SamplingOverride(Strict):
@@ -67,9 +67,9 @@ class SamplingOverride(Strict):
     temperature: float | None = Field(None, ge=0, description="sampling temperature (0: greedy); unset: "
                                       "rollout.temperature")
     top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling mass (1: off); unset: rollout.top_p")
-    top_k: int | None = Field(None, ge=0, description="sample among the k likeliest tokens (0: off); unset: "
+    top_k: StrictInt | None = Field(None, ge=0, description="sample among the k likeliest tokens (0: off); unset: "
                               "rollout.top_k")
-    max_new_tokens: int | None = Field(None, gt=0, description="new tokens per sample; unset: "
+    max_new_tokens: StrictInt | None = Field(None, gt=0, description="new tokens per sample; unset: "
                                        "rollout.max_new_tokens")
 
 
@@ -81,10 +81,10 @@ class SamplingConfig(Strict):
                                "trainer takes log-probs under logits / temperature (verl's and TRL's default 1.0)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: sample from the likeliest tokens holding "
                          "this probability mass (1: off)")
-    top_k: int = Field(0, ge=0, description="sample among the k likeliest tokens (0: off)")
-    max_new_tokens: int = Field(64, gt=0, description="new tokens per training rollout (each recipe's presets cite "
-                                "their paper's or code's length; 64: a CPU budget)")
-    batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+    top_k: StrictInt = Field(0, ge=0, description="sample among the k likeliest tokens (0: off)")
+    max_new_tokens: StrictInt = Field(64, gt=0, description="new tokens per training rollout (each recipe's "
+                                      "presets cite their paper's or code's length; 64: a CPU budget)")
+    batch_size: int | Literal["auto"] = Field(
         "auto", description="hf engine: prompts per forward pass while sampling; auto: on CUDA as many as the free "
         "device memory holds for the call's prompts and token budget (halved and retried on an out-of-memory error), "
         "64 elsewhere")
@@ -94,7 +94,7 @@ class SamplingConfig(Strict):
         "that has it, fp32 otherwise")
     cuda_graphs: bool = Field(True, description="hf engine, bf16 copy on CUDA: replay each decoding step as a CUDA "
                               "graph")
-    sync_every: int = Field(16, gt=0, description="hf engine, bf16 copy: tokens between the host's checks for "
+    sync_every: StrictInt = Field(16, gt=0, description="hf engine, bf16 copy: tokens between the host's checks for "
                             "finished rows and stop strings")
     keep_sampler: bool = Field(True, description="hf engine: keep the bf16 copy and the decoding buffers between "
                                "calls (false: free them after each call)")
@@ -103,12 +103,20 @@ class SamplingConfig(Strict):
                                       "of training (r_zero / prism: the solver's votes for p(q) and for the pool's "
                                       "labels); unset fields: the training rollouts' values above")
 
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _prompts_or_auto(cls, value: Any) -> Any:
+        """A positive whole number or auto (true is not a batch size; a union's own error would name its branches)."""
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise ValueError("a number of prompts above 0 or auto")
+        return value
+
 
 class LoraSettings(Strict):
     """LoRA adapters (peft's ``LoraConfig``), trained instead of the whole model."""
 
-    r: int = Field(8, gt=0, description="adapter rank (peft's r)")
-    lora_alpha: int = Field(16, gt=0, description="scaling: the adapter's update is multiplied by lora_alpha / r "
+    r: StrictInt = Field(8, gt=0, description="adapter rank (peft's r)")
+    lora_alpha: StrictInt = Field(16, gt=0, description="scaling: the adapter's update is multiplied by lora_alpha / r "
                             "(peft's lora_alpha)")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout probability on the adapters' input (peft's "
                                 "lora_dropout)")
@@ -125,15 +133,16 @@ class TrainConfig(Strict):
                                 "default 0.01; 0: none)")
     grad_clip: float = Field(1.0, ge=0, description="largest global L2 norm of the gradient per optimizer step "
                              "(verl's and TRL's 1.0; 0: no clipping)")
-    mini_batch_size: int = Field(0, ge=0, description="sequences per optimizer step; 0 = whole batch")
-    micro_batch_size: int = Field(8, gt=0, description="sequences per forward/backward pass when micro_batch_tokens "
-                                  "is unset (memory only: the accumulated gradient is the same)")
-    micro_batch_tokens: int | None = Field(None, gt=0, description="tokens per forward/backward pass instead of "
+    mini_batch_size: StrictInt = Field(0, ge=0, description="sequences per optimizer step; 0 = whole batch")
+    micro_batch_size: StrictInt = Field(8, gt=0, description="sequences per forward/backward pass when "
+                                        "micro_batch_tokens is unset (memory only: the accumulated gradient is the "
+                                        "same)")
+    micro_batch_tokens: StrictInt | None = Field(None, gt=0, description="tokens per forward/backward pass instead of "
                                            "micro_batch_size sequences (a shared prompt counts once when packed); "
                                            "unset: 16,384 on a GPU for models whose log-prob head runs in chunks "
                                            "(Llama, Mistral, Qwen2, Qwen3), lowered at each update to what the "
                                            "free GPU memory holds; micro_batch_size sequences otherwise")
-    epochs: int = Field(1, gt=0, description="passes over each rollout batch (PPO epochs, verl's ppo_epochs)")
+    epochs: StrictInt = Field(1, gt=0, description="passes over each rollout batch (PPO epochs, verl's ppo_epochs)")
     clip_low: float = Field(0.2, ge=0, description="PPO ratio clip, lower side: the ratio is clipped at 1 - clip_low "
                             "(PPO's epsilon 0.2)")
     clip_high: float = Field(0.2, ge=0, description="PPO ratio clip, upper side: 1 + clip_high (DAPO's clip-higher "
@@ -172,7 +181,7 @@ class TrainConfig(Strict):
         "seq_mean", description="how token losses make the loss: seq_mean, mean over each sequence's tokens, then "
         "over sequences (GRPO); token_sum_norm, each sequence's sum / norm_constant, mean over sequences (Dr.GRPO); "
         "token_mean, mean over every token of the mini-batch (DAPO; verl's default token-mean)")
-    norm_constant: int | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
+    norm_constant: StrictInt | None = Field(None, gt=0, description="Dr.GRPO's C; default max_new_tokens")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of every weight (peft); "
                                       "unset: full fine-tuning")
     dtype: Precision = Field(
@@ -194,8 +203,8 @@ class RoleSettings(Strict):
     run's ``train`` value. The roles are the recipe's (``coevolve recipes``; R-Zero's questioner and solver)."""
 
     lr: float | None = Field(None, gt=0, description="the role's AdamW (peak) learning rate")
-    mini_batch_size: int | None = Field(None, ge=0, description="sequences per AdamW step (0: the whole batch)")
-    epochs: int | None = Field(None, gt=0, description="passes over the role's rollout batch")
+    mini_batch_size: StrictInt | None = Field(None, ge=0, description="sequences per AdamW step (0: the whole batch)")
+    epochs: StrictInt | None = Field(None, gt=0, description="passes over the role's rollout batch")
     lr_schedule: LrSchedule | None = Field(None, description="the role's lr over each of its phases")
     optimizer_reset: OptimizerReset | None = Field(None, description="a fresh AdamW at each of the role's phases")
 
@@ -208,9 +217,10 @@ class RunConfig(Strict):
                        "hub id already in the local cache (runs are offline)")
     task: str = Field("arith", description="the world questions come from and answers are graded in: arith, math, "
                       "mcq; program or python (azr)")
-    seed: int = Field(0, description="seed of every random draw of the run (sampling, data order, adapters' start)")
-    steps: int = Field(50, ge=0, description="loop steps; one step is one iteration of the recipe's algorithm (its "
-                       "docstring says what it holds)")
+    seed: StrictInt = Field(0, description="seed of every random draw of the run (sampling, data order, adapters' "
+                            "start)")
+    steps: StrictInt = Field(50, ge=0, description="loop steps; one step is one iteration of the recipe's algorithm "
+                             "(its docstring says what it holds)")
     data_dir: str | None = Field(None, description="folder with the benchmark and training files; unset: "
                                  "$COEVOLVE_DATA_DIR, else ../shared/data beside the current folder or the "
                                  "repository")
@@ -223,19 +233,21 @@ class RunConfig(Strict):
                                "overrides some of it per role)")
     roles: dict[str, RoleSettings] = Field({}, description="per-role update settings over train.* (roles.<role>.lr, "
                                            "mini_batch_size, epochs, lr_schedule, optimizer_reset)")
-    eval_every: int = Field(10, ge=0, description="evaluate every N steps (0 = only at start and end)")
+    eval_every: StrictInt = Field(10, ge=0, description="evaluate every N steps (0 = only at start and end)")
     eval_sets: list[str] | None = Field(None, description="default: the task's sets (arith: levels 1-6)")
-    eval_limit: int | None = Field(200, gt=0, description="questions per evaluation set")
-    eval_max_new_tokens: int = Field(96, gt=0, description="new tokens per evaluation answer (default 96: arith's "
-                                     "longest level-6 trace is 82 characters); an eval_preset that names a paper's "
-                                     "protocol sets its own unless this is set beside or after it")
+    eval_limit: StrictInt | None = Field(200, gt=0, description="questions per evaluation set")
+    eval_max_new_tokens: StrictInt = Field(96, gt=0, description="new tokens per evaluation answer (default 96: "
+                                           "arith's longest level-6 trace is 82 characters); an eval_preset that "
+                                           "names a paper's protocol sets its own unless this is set beside or after "
+                                           "it")
     eval_preset: str = Field("greedy", description="sampling of the in-training evaluation: a `coevolve eval` "
                              "preset (greedy, the project's default; or a paper's protocol such as ttrl: avg@16 at "
                              "temperature 0.6, n times the cost, and 3,072 new tokens: a protocol brings its "
                              "budget unless eval_max_new_tokens is set in the same place or later)")
     frozen_generator: bool = Field(False, description="two-role recipes: never update the generator (baseline)")
-    checkpoint_every: int = Field(1, gt=0, description="steps between checkpoints (the last step always saves one)")
-    keep_checkpoints: int = Field(2, gt=0, description="newest checkpoints kept; older ones are deleted")
+    checkpoint_every: StrictInt = Field(1, gt=0, description="steps between checkpoints (the last step always "
+                                  "saves one)")
+    keep_checkpoints: StrictInt = Field(2, gt=0, description="newest checkpoints kept; older ones are deleted")
     report_to: list[Literal["tensorboard", "wandb"]] = Field(["tensorboard"], description="where the run also "
                                                              "reports its metrics (wandb: pip install "
                                                              "'coevolve[wandb]')")

@@ -26,6 +26,10 @@ class NonFiniteWeights(RuntimeError):
     """A step left a role's weights with NaN or inf; the run stopped before checkpointing them (one-line message)."""
 
 
+class NothingTrained(RuntimeError):
+    """Every update of a run was skipped for a non-finite loss: its weights are the ones it started from."""
+
+
 def _non_finite_roles(models: dict[str, torch.nn.Module]) -> list[str]:
     """Roles whose weights (this rank's shards) hold NaN or inf, agreed over all ranks."""
     bad = [role for role, model in models.items()
@@ -156,12 +160,13 @@ class _Run:
     def checkpoint(self, step: int) -> None:
         """Every rank: a sharded role's state is gathered; rank 0 writes."""
         self.store.save_checkpoint(step, self.saved_models, self.optimizers, {
-            "time_s": self.now(), "loop_recipe": self.recipe.state_dict(),
+            "time_s": self.now(), "recipe_name": self.config.recipe, "loop_recipe": self.recipe.state_dict(),
             "updates_done": {role: t.updates_done for role, t in self.trainers.items()},
         }, keep=self.config.keep_checkpoints)
 
     def finish(self, last_metrics: dict[str, Any]) -> dict[str, Any]:
-        """Write ``summary.json`` (rank 0) and close the trackers; the summary, or {} on other ranks."""
+        """Write ``summary.json`` (rank 0) and close the trackers; the summary, or {} on other ranks.
+        :class:`NothingTrained` if every update of the run was skipped (non-finite losses)."""
         distributed.barrier()
         if not self.main:
             return {}
@@ -177,6 +182,13 @@ class _Run:
         }
         atomic_write_text(self.store.root / "summary.json", dumps(summary) + "\n")
         self.tracker.finish(summary)
+        trained = sum(v for r in rows if not is_evaluation(r) for k, v in r.items()
+                      if k.endswith("/optimizer_steps") and isinstance(v, (int, float)))
+        if summary["skipped_steps"] and not trained:
+            raise NothingTrained(f"every update of the run was skipped: the loss was not finite in all "
+                                 f"{summary['skipped_steps']} optimizer steps (skipped_steps in metrics.jsonl), so "
+                                 f"the weights are the ones it started from; lower train.kl_beta or train.lr and run "
+                                 f"again")
         return summary
 
 

@@ -4,9 +4,10 @@ A new run starts only in an absent or empty folder, or, with ``overwrite``, over
 what coevolve writes into a run directory (``RUN_LAYOUT``: names and folders only a run, ``coevolve eval RUN`` or
 ``coevolve report`` write). The whole removal is planned before anything is deleted: anything else in the folder or
 in any of its run folders (a user's file, a symlink, a folder where a run writes a file) refuses it with one line
-and nothing is removed; symlinks are never followed. A resumed run needs the folder's ``config.yaml``. While a run
-writes, it holds an exclusive lock on ``RUN/.lock``, so a second writer is refused. A run that stops before it wrote
-``config.yaml`` leaves the folder as it found it.
+and nothing is removed; symlinks are never followed. A resume that falls back past a damaged checkpoint removes what
+the run wrote after it by the same rule (``RunStore.truncate_after``). A resumed run needs the folder's
+``config.yaml``. While a run writes, it holds an exclusive lock on ``RUN/.lock``, so a second writer is refused. A run
+that stops before it wrote ``config.yaml`` leaves the folder as it found it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Union
@@ -23,12 +24,20 @@ from filelock import FileLock, Timeout
 
 LOCK_NAME = ".lock"
 # A layout maps a name pattern (a full-match regex) to what stands there: FILE, LINK (a symlink a tool makes: removed,
-# never followed), TREE (a folder whose contents a tool writes as it likes: removed whole, symlinks never followed) or
-# the layout of a folder of that name.
+# never followed) or the layout of a folder of that name (a layout may contain itself: folders nested to any depth).
 Layout = dict[str, Union[str, "Layout"]]
-FILE, LINK, TREE = "file", "link", "tree"
+FILE, LINK = "file", "link"
 _STEP = r"step_\d{6}"
 _EVAL_SET = {"summary.json": FILE, "results.jsonl": FILE}
+_WANDB_MEDIA: Layout = {r"[\w.-]+_\d+_[0-9a-f]{20}\.[\w.]+": FILE}  # W&B's media files: <key>_<step>_<hash>.<type>
+_WANDB_MEDIA[r"[\w.-]+"] = _WANDB_MEDIA  # under the folders of the logged key (eval/table -> media/table/eval/)
+_WANDB_RUN: Layout = {  # what wandb (0.2x) writes into one run's folder
+    r"run-\w+\.wandb(\.synced|\.syncstate)?": FILE,
+    "files": {r"config\.yaml|output\.log|requirements\.txt|wandb-(metadata|summary)\.json|diff\.patch|"
+              r"conda-environment\.yaml|upstream_diff_\w+\.patch": FILE, "media": _WANDB_MEDIA},
+    "logs": {r"debug(-internal|-core)?\.log": FILE},
+    "tmp": {"code": {}},
+}
 RUN_LAYOUT: Layout = {
     "config.yaml": FILE, "metrics.jsonl": FILE, "summary.json": FILE, "wandb_run.json": FILE,
     "samples": {rf"{_STEP}\.jsonl": FILE},
@@ -39,7 +48,7 @@ RUN_LAYOUT: Layout = {
     "report": {r"report\.html|[\w-]+\.png": FILE},
     "analytics": {"curriculum.json": FILE, "embeddings.npz": FILE,
                   "cluster_space": {"centroids.npy": FILE, "cluster_space.json": FILE}},
-    "wandb": {r"(offline-)?run-\d{8}_\d{6}-\w+": TREE, r"latest-run|debug\.log|debug-internal\.log": LINK},
+    "wandb": {r"(offline-)?run-\d{8}_\d{6}-\w+": _WANDB_RUN, r"latest-run|debug\.log|debug-internal\.log": LINK},
 }  # everything `coevolve run`, `eval RUN` and `report` write into a run directory, but the lock
 
 
@@ -73,34 +82,46 @@ def _written_by_coevolve(name: str, layout: Layout) -> str | Layout | None:
     return None
 
 
-def removal_plan(folder: Path, layout: Layout = RUN_LAYOUT) -> tuple[list[Path], list[str]]:
+def removal_plan(folder: Path, layout: Layout = RUN_LAYOUT, entries: Iterable[str] | None = None,
+                 ) -> tuple[list[Path], list[str]]:
     """What removing an earlier run from ``folder`` would delete: (paths in deletion order, files before their
-    folders; entries no run writes, relative to ``folder``). Reads only; symlinks are never followed: a symlink is
-    foreign unless the layout names a tool's own link there (W&B's), which is removed, not followed."""
+    folders; entries no run writes, relative to ``folder``). ``entries``: only these paths (relative to ``folder``;
+    an absent one is skipped), each with what ``layout`` expects at its place, instead of everything. Reads only;
+    symlinks are never followed: a symlink is foreign unless the layout names a tool's own link there (W&B's), which
+    is removed, not followed."""
     remove: list[Path] = []
     foreign: list[str] = []
 
-    def walk(path: Path, layout: Layout | None, relative: str) -> None:
-        """``layout`` None: a TREE's contents, all removed."""
-        with os.scandir(path) as entries:
-            for entry in sorted(entries, key=lambda e: e.name):
-                if entry.name == LOCK_NAME and path == folder:
-                    continue
-                expected = TREE if layout is None else _written_by_coevolve(entry.name, layout)
-                mode = entry.stat(follow_symlinks=False).st_mode
-                name = f"{relative}{entry.name}"
-                if (expected == FILE and stat.S_ISREG(mode)) or (expected in (LINK, TREE) and stat.S_ISLNK(mode)) \
-                        or (expected == TREE and not stat.S_ISDIR(mode)):
-                    remove.append(Path(entry.path))
-                elif (isinstance(expected, dict) or expected == TREE) and stat.S_ISDIR(mode):
-                    walk(Path(entry.path), expected if isinstance(expected, dict) else None, f"{name}/")
-                    remove.append(Path(entry.path))
-                else:
-                    foreign.append(name + ("/" if stat.S_ISDIR(mode) else " (a symlink)" if stat.S_ISLNK(mode)
-                                           else ""))
+    def visit(path: Path, expected: str | Layout | None, name: str) -> None:
+        mode = path.lstat().st_mode
+        if (expected == FILE and stat.S_ISREG(mode)) or (expected == LINK and stat.S_ISLNK(mode)):
+            remove.append(path)
+        elif isinstance(expected, dict) and stat.S_ISDIR(mode):
+            walk(path, expected, f"{name}/")
+            remove.append(path)
+        else:
+            foreign.append(name + ("/" if stat.S_ISDIR(mode) else " (a symlink)" if stat.S_ISLNK(mode) else ""))
 
-    walk(folder, layout, "")
+    def walk(path: Path, layout: Layout, relative: str) -> None:
+        with os.scandir(path) as found:
+            for entry in sorted(found, key=lambda e: e.name):
+                if not (entry.name == LOCK_NAME and path == folder):
+                    visit(Path(entry.path), _written_by_coevolve(entry.name, layout), f"{relative}{entry.name}")
+
+    if entries is None:
+        walk(folder, layout, "")
+    for relative in entries or ():
+        if os.path.lexists(folder / relative):
+            visit(folder / relative, _expected_at(relative, layout), relative)
     return remove, foreign
+
+
+def _expected_at(relative: str, layout: Layout) -> str | Layout | None:
+    """What ``layout`` expects at a path relative to its folder (None: nothing a run writes)."""
+    expected: str | Layout | None = layout
+    for part in Path(relative).parts:
+        expected = _written_by_coevolve(part, expected) if isinstance(expected, dict) else None
+    return expected
 
 
 def check_run_dir(folder: Path, *, resume: bool = False, overwrite: bool = False) -> None:

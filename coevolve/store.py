@@ -36,17 +36,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from coevolve import distributed
 from coevolve.jsonio import atomic_write_text, dumps, fsync_path, read_jsonl
 from coevolve.records import SampleRow, current_metric_names
+from coevolve.rundir import RunDirError, removal_plan, remove_planned
 
 log = logging.getLogger(__name__)
 
 STEP_DIR = "step_{:06d}"
-_STEP_NAME = re.compile(r"step_(\d+)")
+_STEP_NAME = re.compile(r"step_(\d{6})")  # a checkpoint's or evaluation's folder (STEP_DIR)
+_SAMPLES_NAME = re.compile(r"step_(\d{6})\.jsonl")
 _STATE_KEYS = ("step", "optimizers", "python_rng", "numpy_rng", "recipe")
 CHECKSUMS = "checksums.json"  # {file name: SHA-256 hex digest} of every other file of a checkpoint
 
@@ -231,24 +233,30 @@ class RunStore:
 
     def truncate_after(self, step: int) -> None:
         """Forget everything logged after ``step`` (metrics rows, samples, eval outputs, partial checkpoints); later
-        checkpoints (damaged ones, since ``step`` is the newest intact) are renamed ``damaged_step_NNNNNN``."""
+        checkpoints (damaged ones, since ``step`` is the newest intact) are renamed ``damaged_step_NNNNNN``. It removes
+        only what a run wrote (``RUN_LAYOUT``, the rule of ``--overwrite``): a file of the user's inside a folder it
+        would remove raises :class:`RunDirError` naming it before anything changes; names a run never writes
+        (``samples/step_3_notes.txt``) are left alone."""
+        later = [f"{folder.name}/{child.name}" for folder, pattern in ((self.samples_dir, _SAMPLES_NAME),
+                                                                       (self.eval_dir, _STEP_NAME))
+                 if folder.is_dir() for child in folder.iterdir()
+                 if (match := pattern.fullmatch(child.name)) and int(match[1]) > step]
+        later_checkpoints = [s for s in self.checkpoint_steps() if s > step]
+        if self.checkpoints_dir.is_dir():
+            later += [f"checkpoints/{child.name}" for child in self.checkpoints_dir.iterdir()
+                      if child.name.startswith(".step_")]  # a checkpoint that never finished writing
+            later += [f"checkpoints/damaged_{STEP_DIR.format(s)}" for s in later_checkpoints]  # replaced below
+        remove, foreign = removal_plan(self.root, entries=sorted(later))
+        if foreign:
+            raise RunDirError(f"--resume continues from {STEP_DIR.format(step)} and removes what the run wrote after "
+                              f"it, and {self.root} also holds {', '.join(foreign[:4])} there: move that away, then "
+                              f"resume again; nothing was removed")
         rows = [r for r in self.metrics() if r.get("step", -1) <= step]
         atomic_write_text(self.metrics_path, "".join(dumps(r) + "\n" for r in rows))
-        for folder, suffix in ((self.samples_dir, ".jsonl"), (self.eval_dir, "")):
-            if not folder.exists():
-                continue
-            for child in folder.iterdir():
-                name = child.name.removesuffix(suffix) if suffix else child.name
-                if name.startswith("step_") and int(name.removeprefix("step_")) > step:
-                    shutil.rmtree(child) if child.is_dir() else child.unlink()
-        if self.checkpoints_dir.exists():
-            for child in self.checkpoints_dir.iterdir():
-                if child.name.startswith("."):  # a checkpoint that never finished writing
-                    shutil.rmtree(child, ignore_errors=True)
-            for later in (s for s in self.checkpoint_steps() if s > step):
-                aside = self.checkpoints_dir / f"damaged_{STEP_DIR.format(later)}"
-                shutil.rmtree(aside, ignore_errors=True)
-                os.replace(self.checkpoints_dir / STEP_DIR.format(later), aside)
+        remove_planned(remove)
+        for later_step in later_checkpoints:
+            os.replace(self.checkpoints_dir / STEP_DIR.format(later_step),
+                       self.checkpoints_dir / f"damaged_{STEP_DIR.format(later_step)}")
 
 
 def file_sha256(path: Path) -> str:
@@ -265,15 +273,12 @@ def _write_checkpoint(folder: Path, step: int, weights: Mapping[str, torch.nn.Mo
     """Write a checkpoint's files into ``folder`` (a module's or a gathered state dict's weights per role, optimizer
     states, RNG states, the recipe's state), then their checksums, and fsync them all."""
     for role, source in weights.items():
-        if isinstance(source, torch.nn.Module):
-            save_model(source, str(folder / f"{role}.safetensors"))
-        else:
-            save_file(source, str(folder / f"{role}.safetensors"))
+        _save_safetensors(folder / f"{role}.safetensors", source)
     optimizer_meta = {}
     for role, optimizer_state in optimizer_states.items():
         tensors, optimizer_meta[role] = _flatten_optimizer(optimizer_state)
-        save_file(tensors, str(folder / f"{role}.optim.safetensors"))
-    save_file({"torch": torch.get_rng_state()}, str(folder / "rng.safetensors"))
+        _save_safetensors(folder / f"{role}.optim.safetensors", tensors)
+    _save_safetensors(folder / "rng.safetensors", {"torch": torch.get_rng_state()})
     full_state = {"step": step, "optimizers": optimizer_meta, "python_rng": _py_rng_state(),
                   "numpy_rng": _np_rng_state(), "recipe": state}
     (folder / "state.json").write_text(dumps(full_state), encoding="utf-8")
@@ -282,6 +287,21 @@ def _write_checkpoint(folder: Path, step: int, weights: Mapping[str, torch.nn.Mo
     for path in folder.iterdir():
         fsync_path(path)
     fsync_path(folder)
+
+
+def _save_safetensors(path: Path, source: torch.nn.Module | dict[str, torch.Tensor]) -> None:
+    """A module's weights or named tensors to ``path``; safetensors' error for a failed write (``... No space left on
+    device (os error 28)``) is raised as the OSError it reports, with the file's name, like any other write's."""
+    try:
+        if isinstance(source, torch.nn.Module):
+            save_model(source, str(path))
+        else:
+            save_file(source, str(path))
+    except SafetensorError as exc:
+        code = re.search(r"os error (\d+)", str(exc))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from exc
 
 
 def _check_digests(folder: Path) -> None:

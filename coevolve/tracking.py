@@ -3,11 +3,11 @@
 The loop calls one :class:`Tracker` (rank 0 only): ``log`` for every metrics row (the names and values of
 ``metrics.jsonl``), ``resumed`` with the earlier rows when a run continues, ``finish`` at the end. ``tensorboard``
 writes ``RUN/tb/``; ``wandb`` (the optional extra ``coevolve[wandb]``) sends the resolved config, the rows, the
-evaluation tables and, at the end, the run's HTML report as an artifact. Its run id is kept in
-``RUN/wandb_run.json`` so that
-``--resume`` continues the same W&B run; rows carry their ``step`` as W&B's step metric, so a row sent again after a
-resume is another point at the same step, never a refused one. Each evaluation row also goes as a table (set,
-strict and lenient accuracy).
+evaluation tables and, at the end, the run's HTML report as an artifact. Its run id is kept in ``RUN/wandb_run.json``
+so that ``--resume`` continues the same W&B run. Online without an API key or out of the server's reach for
+``ONLINE_WAIT_S``, the run says so in one warning and logs to W&B offline instead, for ``wandb sync`` later. Rows
+carry their ``step`` as W&B's step metric, so a row sent again after a resume is another point at the same step,
+never a refused one. Each evaluation row also goes as a table (set, strict and lenient accuracy).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from coevolve.records import evaluation_table
 log = logging.getLogger(__name__)
 
 WANDB_RUN_FILE = "wandb_run.json"
+ONLINE_WAIT_S = 30.0  # how long W&B online may try to reach its server before the run logs offline instead (W&B's
+# own default is 90 s, then a traceback); WANDB_INIT_TIMEOUT overrides it
 
 
 class Tracker:
@@ -119,9 +121,17 @@ class WandbTracker(Tracker):
                 run_id = json.loads(saved.read_text(encoding="utf-8"))["id"]
             except (OSError, ValueError, KeyError, TypeError):
                 log.warning("%s is unreadable; this resumed run starts a new W&B run", saved)
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "coevolve"), name=root.absolute().name,
-                              id=run_id, resume="allow" if run_id else None, config=dict(config),
-                              dir=os.environ.get("WANDB_DIR", str(root)), job_type="train")
+        folder = os.environ.get("WANDB_DIR", str(root))
+        start = dict(project=os.environ.get("WANDB_PROJECT", "coevolve"), name=root.absolute().name, id=run_id,
+                     resume="allow" if run_id else None, config=dict(config), dir=folder, job_type="train")
+        wait = {} if os.environ.get("WANDB_INIT_TIMEOUT") else {"settings": wandb.Settings(init_timeout=ONLINE_WAIT_S)}
+        try:
+            self.run = wandb.init(**start, **wait)
+        except wandb.errors.Error as exc:  # online without an API key (UsageError) or out of the server's reach
+            reason = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("W&B online failed (%s); this run logs to W&B offline in %s instead: upload it later with "
+                        "`wandb sync %s`", reason, Path(folder) / "wandb", Path(folder) / "wandb" / "offline-run-*")
+            self.run = wandb.init(**start, mode="offline")
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
         if run_id is None:

@@ -210,7 +210,24 @@ def config_errors(tmp_path: Path) -> list[tuple[list[str], str, int]]:
           for option, value in (("temperature", "nan"), ("temperature", "inf"), ("temperature", "-1"),
                                 ("top-p", "0"), ("max-new-tokens", "0"), ("top-k", "-3"))],
         (["run", "--resume", tmp_path / "no_run"], "not a run directory", 2),
+        ([*run, "grpo", "--set", "steps=true"], "'steps'", 2),
+        ([*run, "grpo", "--set", "rollout.batch_size=true"], "'rollout.batch_size'", 2),
+        ([*run, "grpo", "--set", "train.lora.target_modules=[nope]"], "train.lora.target_modules", 2),
+        ([*run, "azr", "--preset", "small", "--set", "model=smollm2-135m"], "task=python", 2),
+        (["run", "--resume", _edited_recipe(tmp_path / "edited")], "config's recipe differs", 2),
     ]
+
+
+def _edited_recipe(run: Path) -> Path:
+    """A grpo run's folder (its config and the names of a 1-step checkpoint) whose config.yaml now says ttrl."""
+    from coevolve.config import to_yaml
+    from coevolve.recipes import resolve
+
+    config = resolve("ttrl", sets=["eval_sets=[]"])[0]
+    (run / "checkpoints" / "step_000001").mkdir(parents=True)
+    (run / "config.yaml").write_text(to_yaml(config))
+    (run / "checkpoints" / "step_000001" / "state.json").write_text(json.dumps({"recipe": {"recipe_name": "grpo"}}))
+    return run
 
 
 def model_loaders() -> list[tuple[ModuleType, str]]:
@@ -257,11 +274,38 @@ def test_a_full_disk_is_one_line_and_the_run_resumes(tmp_path, random_model_dir,
 
     out = tmp_path / "run"
     monkeypatch.setattr(store, "_write_checkpoint", full_at_step_2)
-    line = one_error(tiny_run(random_model_dir, out, steps=2), 1)
+    line = one_error(tiny_run(random_model_dir, out, steps=2), 2)
     assert "no space left" in line and "--resume" in line and "solver.optim.safetensors" in line
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]
     monkeypatch.setattr(store, "_write_checkpoint", real)
     assert invoke("run", "--resume", out, "--quiet").exit_code == 0
+    assert train_steps(out) == [1, 2]
+
+
+def test_a_full_disk_in_safetensors_is_one_line_and_keeps_the_last_checkpoint(tmp_path, random_model_dir,
+                                                                              monkeypatch):
+    """safetensors reports a full disk as its own error (``SafetensorError: ... No space left on device (os error
+    28)``), at the step's checkpoint and again on resume while the disk is still full: one line each time, exit code
+    2, step 1's checkpoint intact and no temporary folder left."""
+    from safetensors import SafetensorError
+
+    from coevolve import store
+
+    real = store.save_file
+
+    def full(tensors, filename, *args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    out = tmp_path / "run"
+    assert tiny_run(random_model_dir, out).exit_code == 0
+    step_1 = tree(out / "checkpoints")
+    monkeypatch.setattr(store, "save_file", full)
+    for _ in range(2):
+        line = one_error(invoke("run", "--resume", out, "--quiet", "--set", "steps=2"), 2)
+        assert "no space left" in line and "optim.safetensors" in line and f"--resume {out}" in line, line
+        assert tree(out / "checkpoints") == step_1
+    monkeypatch.setattr(store, "save_file", real)
+    assert invoke("run", "--resume", out, "--quiet", "--set", "steps=2").exit_code == 0
     assert train_steps(out) == [1, 2]
 
 
@@ -330,6 +374,16 @@ def test_non_finite_config_values_are_refused(setting, key):
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.") + ".*finite"):
         resolve("dynamic_rl" if key.startswith("params.") else "grpo", sets=[setting])
+
+
+def test_a_run_whose_every_update_was_skipped_is_an_error(tmp_path, random_model_dir):
+    """train.kl_beta=1e308 makes every loss non-finite, so every optimizer step is skipped: the run ends with one
+    error line saying so (exit 1), not `done`; its folder is complete (summary.json) for a look at the metrics."""
+    out = tmp_path / "run"
+    line = one_error(tiny_run(random_model_dir, out, "--set", "train.kl_beta=1e308", steps=2), 1)
+    assert "every update of the run was skipped" in line and "train.kl_beta" in line and "--resume" not in line
+    assert json.loads((out / "summary.json").read_text())["skipped_steps"] == 2
+    assert tiny_run(random_model_dir, tmp_path / "fine", steps=2).exit_code == 0  # the same run, kl_beta 0: done
 
 
 def test_non_finite_weights_stop_the_run_and_keep_the_last_finite_checkpoint(tmp_path, random_model_dir,

@@ -61,3 +61,42 @@ def test_resume_of_a_finished_run_can_extend_it(tmp_path, random_model_dir):
     more = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "steps=3", "--quiet"])
     assert more.exit_code == 0, more.output
     assert [r["step"] for r in train_rows(out)] == [1, 2, 3]
+
+
+def _grpo_run(model, out, steps: int):
+    return CliRunner().invoke(app, ["run", "grpo", "--out", str(out), "--quiet", "--set", f"model={model}", "--set",
+                                    f"steps={steps}", "--set", "eval_sets=[]", "--set", "rollout.max_new_tokens=4",
+                                    "--set", "params.questions_per_step=2", "--set", "params.group_size=2"])
+
+
+def _files(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resume_past_a_damaged_checkpoint_removes_only_what_the_run_wrote(tmp_path, random_model_dir):
+    """Step 2's checkpoint is damaged, so the resume redoes step 2 and removes what the run wrote after step 1. A note
+    of the user's inside eval/step_000002 (beside what `coevolve eval RUN` wrote) refuses it the way --overwrite
+    refuses: one line naming it, nothing changed. Names a run never writes (samples/step_notes.txt, eval/step_best/)
+    are kept and stop nothing (they used to stop every resume with `invalid literal for int()`)."""
+    out = tmp_path / "run"
+    assert _grpo_run(random_model_dir, out, 2).exit_code == 0
+    (out / "checkpoints" / "step_000002" / "solver.safetensors").write_bytes(b"truncated")
+    for name in ("eval/step_000002/summary.json", "eval/step_000002/arith_l1/results.jsonl",
+                 "eval/step_000002/notes.txt", "samples/step_notes.txt", "eval/step_best/mine.csv"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("mine\n")
+    before = _files(out)
+    refused = CliRunner().invoke(app, ["run", "--resume", str(out), "--quiet"])
+    errors = [line for line in refused.output.splitlines() if line.startswith("error:")]
+    assert refused.exit_code == 2 and len(errors) == 1, refused.output
+    assert "eval/step_000002/notes.txt" in errors[0] and "nothing was removed" in errors[0], errors[0]
+    assert _files(out) == before and (out / "checkpoints" / "step_000002").is_dir()
+
+    (out / "eval" / "step_000002" / "notes.txt").unlink()
+    resumed = CliRunner().invoke(app, ["run", "--resume", str(out), "--quiet"])
+    assert resumed.exit_code == 0, resumed.output
+    assert [r["step"] for r in train_rows(out)] == [1, 2]
+    assert not (out / "eval" / "step_000002").exists()  # the run's evaluation of the lost step 2, removed
+    assert (out / "samples" / "step_notes.txt").read_text() == "mine\n"
+    assert (out / "eval" / "step_best" / "mine.csv").read_text() == "mine\n"
+    assert (out / "checkpoints" / "damaged_step_000002" / "solver.safetensors").read_bytes() == b"truncated"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -77,3 +78,58 @@ def test_without_wandb_one_line_names_the_extra(random_model_dir, tmp_path, monk
     errors = [line for line in done.output.splitlines() if line.startswith("error:")]
     assert done.exit_code == 2 and len(errors) == 1, done.output
     assert "pip install 'coevolve[wandb]'" in errors[0] and not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trouble", ["no API key", "server out of reach"])
+def test_wandb_online_that_cannot_start_logs_offline_and_says_so(random_model_dir, tmp_path, monkeypatch, caplog,
+                                                                   trouble):
+    """W&B online without an API key (wandb: UsageError at once) or without its server (wandb: a CommError after
+    init_timeout, 90 s by default): one warning, and the run logs to W&B offline in the run directory. The server is
+    a closed port on this machine: the test never reaches the network."""
+    offline_wandb(monkeypatch, tmp_path)
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    if trouble == "server out of reach":
+        monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+        monkeypatch.setenv("WANDB_INIT_TIMEOUT", "2")
+    out = tmp_path / "run"
+    done = tiny_grpo(random_model_dir, out, "--set", "steps=1", "--set", "eval_sets=[]", "--set",
+                     "report_to=[wandb]")
+    assert done.exit_code == 0 and "Traceback" not in done.output, done.output
+    warnings = [r.getMessage() for r in caplog.records if "W&B" in r.getMessage()]
+    assert len(warnings) == 1 and "offline" in warnings[0] and "wandb sync" in warnings[0], warnings
+    [run] = offline_runs(tmp_path / "wandb-dir")
+    assert run.id == json.loads((out / "wandb_run.json").read_text())["id"]
+    assert_rows_logged(out, run.history)
+
+
+def test_overwrite_keeps_the_users_files_inside_wandb_folders(tmp_path):
+    """W&B's folders in a run directory are removed by W&B's own file layout (the files of an offline run, its logs,
+    media and links): a file of the user's among them refuses --overwrite like anywhere else."""
+    from coevolve.rundir import RunDirError, removal_plan
+
+    out = tmp_path / "run"
+    run = out / "wandb" / "offline-run-20260101_120000-abc123"
+    (out / "config.yaml").parent.mkdir(parents=True)
+    (out / "config.yaml").write_text("recipe: grpo\n")
+    for name in ("run-abc123.wandb", "files/requirements.txt", "files/wandb-summary.json",
+                 "files/media/table/eval/table_1_f374adaa48585f6f5534.table.json", "logs/debug.log",
+                 "logs/debug-internal.log", "logs/debug-core.log"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("x")
+    (run / "tmp" / "code").mkdir(parents=True)
+    (out / "wandb" / "latest-run").symlink_to(run.name)
+    remove, foreign = removal_plan(out)
+    assert foreign == [] and run in remove and out / "wandb" / "latest-run" in remove
+    for mine, named in (("notes.txt", "notes.txt"), ("files/notes.txt", "files/notes.txt"),
+                        ("files/media/table/notes.md", "files/media/table/notes.md"),
+                        ("logs/mine/debug.log", "logs/mine/")):
+        (run / mine).parent.mkdir(parents=True, exist_ok=True)
+        (run / mine).write_text("mine\n")
+        with pytest.raises(RunDirError, match=f"offline-run-20260101_120000-abc123/{named}"):
+            check_run_dir(out, overwrite=True)
+        (run / mine).unlink()
+    shutil.rmtree(run / "logs" / "mine")
+    check_run_dir(out, overwrite=True)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, field_validator, model_validator
 
 from coevolve.config import ConfigError, RunConfig
+from coevolve.models import BUILTIN_MODELS, TINY_BUILDS
 from coevolve.recipes.base import (
     PhaseTimer,
     Recipe,
@@ -202,6 +203,10 @@ def make_world(config: RunConfig, params: AZRParams) -> ProgramWorld:
                       f"the python world (task=python), not {config.task!r}")
 
 
+PROGRAM_WORLD_MODEL = ("config key 'model': the program world's formats are the tiny-program model's; chat models run "
+                       "azr with task=python")
+
+
 @register
 class AZR(Recipe):
     name = "azr"
@@ -251,14 +256,20 @@ class AZR(Recipe):
         self.world = make_world(config, params)  # the sandbox first: no model loads where it cannot run
         self.policy = self.load_policy()
         if config.task == "program" and self.policy.prompt_style != "compact":
-            raise ConfigError("config key 'model': the program world's formats are the tiny-program model's; chat "
-                              "models run azr with task=python")
+            raise ConfigError(PROGRAM_WORLD_MODEL)
         self.trainer = self.make_trainer(self.policy, "policy")
         self.buffers = TaskBuffers(params.max_buffer)
         self.proposer_sampling = replace(self.sampling, max_new_tokens=params.proposer_max_tokens
                                          or self.sampling.max_new_tokens)
         self.kinds: list[Kind] = list(params.task_types)
         self.execution = {kind: ExecutionStats() for kind in KINDS}  # since the last metrics row
+
+    @classmethod
+    def check_inputs(cls, config: RunConfig, params: AZRParams) -> None:
+        """A built-in chat model in the program world stops here, before it loads (other models: in ``__init__``)."""
+        super().check_inputs(config, params)
+        if config.task == "program" and config.model in BUILTIN_MODELS and config.model not in TINY_BUILDS:
+            raise ConfigError(PROGRAM_WORLD_MODEL)
 
     @classmethod
     def run_task(cls, config: RunConfig) -> Task | None:
