@@ -309,7 +309,7 @@ def export(
 ) -> None:
     """Write one trained model of a run as a standard Hugging Face folder (config, tokenizer, safetensors, card)."""
     from coevolve.config import ConfigError
-    from coevolve.export import ExportError, ExportSettings, export_run
+    from coevolve.export import ExportDiskFull, ExportError, ExportSettings, export_run
     from coevolve.models import ModelNotFoundError
     from coevolve.run_models import RunCheckpointError
     from coevolve.store import CheckpointDamaged
@@ -325,6 +325,8 @@ def export(
     transformers_logging.disable_progress_bar()  # its per-file bars for a few files would bury the one result line
     try:
         manifest = export_run(run_dir, out, settings, trust_remote_code=trust_remote_code)
+    except ExportDiskFull as exc:
+        _fail(str(exc))
     except (ExportError, RunCheckpointError, CheckpointDamaged, ConfigError) as exc:
         _fail(str(exc), 2)
     except ModelNotFoundError as exc:

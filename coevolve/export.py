@@ -8,13 +8,19 @@ wrote, so ``overwrite`` removes exactly those, and records the prompt style coev
 directory stays the source of truth; an export is a view of one checkpoint.
 
 Everything that can be wrong with the input (no run, no or a damaged checkpoint, an unknown step, role or metric, a
-non-empty ``--out``) is found before anything is written. The folder is written beside ``--out`` under a temporary
-name and moved into place when complete.
+non-empty ``--out``, a bad shard size) is found before the model loads, and nothing is left written when it is. An
+export holds ``--out``'s writer lock (a run directory's kind: ``OUT/.lock``), so a second export into the same folder
+is refused; it reads a private copy of the checkpoint (hard links where the file system allows), so a run still
+training can rotate the checkpoint away mid-export; the folder is written beside ``--out`` under a temporary name
+and its files moved in when complete, never over a file that is not an earlier export's. Files and folder follow the
+user's umask.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -26,12 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.serialization._base import parse_size_to_int  # the parser save_pretrained applies
+from safetensors import SafetensorError
 
 from coevolve.jsonio import atomic_write_text, dumps
 from coevolve.models import EXPORT_MANIFEST, Policy, hf_model_source
 from coevolve.records import evaluation_table
 from coevolve.run_models import RunCheckpoint, find_checkpoint, load_role
-from coevolve.store import RunStore
+from coevolve.rundir import LOCK_NAME, RunDirError, locked_folder
+from coevolve.store import CHECKSUMS, STEP_DIR, CheckpointDamaged, RunStore
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MANIFEST_FORMAT = 1
@@ -39,6 +48,10 @@ MANIFEST_FORMAT = 1
 
 class ExportError(ValueError):
     """An export that cannot be made as asked; the message is one line saying why (nothing was written)."""
+
+
+class ExportDiskFull(ExportError):
+    """The device filled up while the export was written; nothing of it was left behind."""
 
 
 @dataclass(frozen=True)
@@ -58,29 +71,116 @@ def export_run(run: str | Path, out: str | Path, settings: ExportSettings = Expo
                trust_remote_code: bool = False) -> dict[str, Any]:
     """Write ``settings.role`` of ``run``'s chosen checkpoint to ``out``; returns the manifest written there.
 
-    Raises :class:`ExportError` or :class:`~coevolve.run_models.RunCheckpointError` (bad input),
-    :class:`~coevolve.store.CheckpointDamaged`, or :class:`~coevolve.models.ModelNotFoundError` when the base model
-    cannot be loaded; none of them leaves anything written."""
+    Raises :class:`ExportError` (:class:`ExportDiskFull` for a full device) or
+    :class:`~coevolve.run_models.RunCheckpointError` (bad input), :class:`~coevolve.store.CheckpointDamaged`, or
+    :class:`~coevolve.models.ModelNotFoundError` when the base model cannot be loaded; none of them leaves anything
+    written."""
     out = Path(out)
     if settings.dtype not in DTYPES:
         raise ExportError(f"--dtype {settings.dtype}: choose one of {', '.join(DTYPES)}")
-    checkpoint = find_checkpoint(run, settings.step, settings.role, settings.metric)
+    check_shard_size(settings.max_shard_size)
+    checkpoint = find_checkpoint(run, settings.step, settings.role, settings.metric, verify=False)
     if settings.adapter and checkpoint.config.train.lora is None:
         raise ExportError(f"--adapter exports LoRA adapters, and {run} trained full weights (no train.lora); "
                           f"export it without --adapter")
-    replaced = check_out_dir(out, settings.overwrite)
-    policy = load_role(checkpoint, trust_remote_code=trust_remote_code)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    check_out_dir(out, settings.overwrite)
     try:
-        _write_model(policy, checkpoint, tmp, settings)
-        manifest = _manifest(checkpoint, policy, settings, sorted(os.listdir(tmp)) + ["README.md"])
-        atomic_write_text(tmp / "README.md", model_card(checkpoint, manifest))
-        atomic_write_text(tmp / EXPORT_MANIFEST, dumps(manifest) + "\n")
-        _move_into_place(tmp, out, replaced, manifest["files"])
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with locked_folder(out):
+            replaced = check_out_dir(out, settings.overwrite)  # again, now that no other export can change it
+            work = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+            try:
+                policy = load_role(_private_copy(checkpoint, work / "run"), trust_remote_code=trust_remote_code)
+                folder = work / "model"
+                folder.mkdir()
+                _write_model(policy, checkpoint, folder, settings)
+                manifest = _manifest(checkpoint, policy, settings, sorted(os.listdir(folder)) + ["README.md"])
+                atomic_write_text(folder / "README.md", model_card(checkpoint, manifest))
+                atomic_write_text(folder / EXPORT_MANIFEST, dumps(manifest) + "\n")
+                _follow_umask(folder)
+                _move_into_place(folder, out, replaced, manifest["files"])
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    except RunDirError as exc:  # --out cannot be created or locked, or another export holds it
+        raise ExportError(str(exc)) from None
+    except (OSError, SafetensorError) as exc:
+        error = _write_error(exc, out)
+        if error is None:
+            raise
+        raise error from exc
     return manifest
+
+
+def check_shard_size(size: str) -> int:
+    """``--max-shard-size`` in bytes (a number with KB, MB, GB or TB, as ``save_pretrained`` reads it);
+    :class:`ExportError` unless it is a positive size."""
+    try:
+        value = parse_size_to_int(size)
+    except (ValueError, OverflowError):
+        value = 0
+    if value <= 0:
+        raise ExportError(f"--max-shard-size {size}: give a positive size with its unit, e.g. 500MB or 5GB")
+    return value
+
+
+def _write_error(exc: OSError | SafetensorError, out: Path) -> ExportError | None:
+    """The one line for a write that failed: a full device (:class:`ExportDiskFull`) or a folder that cannot be
+    written; None for anything else (not an input problem: raised as it is)."""
+    text = str(exc)
+    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text or "os error 28" in text:
+        return ExportDiskFull(f"no space left on the device while writing the export to {out}; nothing of it was "
+                              f"left behind: free space and export again")
+    if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ExportError(f"--out {out}: cannot write {getattr(exc, 'filename', None) or out} "
+                           f"({getattr(exc, 'strerror', exc)}); choose a folder you can write")
+    return None
+
+
+def _private_copy(checkpoint: RunCheckpoint, root: Path) -> RunCheckpoint:
+    """``checkpoint`` read from a copy of its files under ``root`` (hard links where the file system allows, else
+    copies), verified there: a run that is still training may remove its older checkpoints at any moment
+    (``keep_checkpoints``), and a linked or copied file stays whole. Only the exported role's weights, ``state.json``,
+    the RNG state and their checksums are taken."""
+    source = checkpoint.folder
+    target = RunStore(root).checkpoints_dir / source.name
+    target.mkdir(parents=True)
+    names = [f"{checkpoint.role}.safetensors", "state.json", "rng.safetensors"]
+    try:
+        for name in names:
+            try:
+                os.link(source / name, target / name)
+            except FileNotFoundError:
+                raise
+            except OSError:  # another file system, or one without hard links
+                shutil.copyfile(source / name, target / name)
+        try:
+            recorded = json.loads((source / CHECKSUMS).read_bytes().decode("utf-8"))
+            recorded = {name: recorded[name] for name in names if name in recorded}
+        except FileNotFoundError:
+            if not source.is_dir():
+                raise
+            recorded = None  # a checkpoint written before checksums were recorded
+        except (OSError, ValueError, TypeError) as exc:
+            raise CheckpointDamaged(f"{source.name}/{CHECKSUMS} unreadable ({type(exc).__name__}: {exc})") from exc
+        if recorded is not None:
+            (target / CHECKSUMS).write_text(json.dumps(recorded), encoding="utf-8")
+    except FileNotFoundError:
+        if source.is_dir():  # the checkpoint is there and lacks a file: damaged
+            RunStore(checkpoint.root).verify_checkpoint(checkpoint.step, [checkpoint.role])
+        raise ExportError(f"{STEP_DIR.format(checkpoint.step)} of {checkpoint.root} was removed while it was read "
+                          f"(the run is still training and keeps only its newest keep_checkpoints); export again, "
+                          f"or choose a newer --step") from None
+    RunStore(root).verify_checkpoint(checkpoint.step, [checkpoint.role])
+    return dataclasses.replace(checkpoint, root=root)
+
+
+def _follow_umask(folder: Path) -> None:
+    """Give ``folder`` and its files the modes of a new folder and files under the user's umask (the temporary
+    folder and some writers make them the owner's only)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for path in folder.iterdir():
+        os.chmod(path, 0o666 & ~umask)
+    os.chmod(folder, 0o777 & ~umask)
 
 
 def check_out_dir(out: Path, overwrite: bool) -> list[str]:
@@ -95,7 +195,7 @@ def check_out_dir(out: Path, overwrite: bool) -> list[str]:
         return []
     if not out.is_dir():
         raise ExportError(f"--out {out} is a file, not a folder")
-    entries = sorted(os.listdir(out))
+    entries = sorted(name for name in os.listdir(out) if name != LOCK_NAME)  # an export's lock, perhaps a stale one
     if not entries:
         return []
     if not overwrite:
@@ -131,16 +231,17 @@ def _names(entries: list[str]) -> str:
     return ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
 
 
-def _move_into_place(tmp: Path, out: Path, replaced: list[str], files: list[str]) -> None:
-    """Make ``out`` hold the export written in ``tmp``: renamed as a whole when ``out`` is absent; otherwise the
-    earlier export's files are removed (never following a link) and the new ones moved in, the manifest first."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
+def _move_into_place(folder: Path, out: Path, replaced: list[str], files: list[str]) -> None:
+    """Make ``out`` (locked) hold the export written in ``folder``: the earlier export's files are removed (never
+    following a link) and the new ones moved in, the manifest first; a file that is not the earlier export's stops it
+    before it is replaced."""
     for name in replaced:
         os.unlink(out / name)
     for name in [EXPORT_MANIFEST] + [f for f in files if f != EXPORT_MANIFEST]:
-        os.replace(tmp / name, out / name)
+        if os.path.lexists(out / name):
+            raise ExportError(f"--out {out}: {name} appeared there while the export was written (another program "
+                              f"writes that folder); the export stopped before replacing it")
+        os.replace(folder / name, out / name)
 
 
 def _write_model(policy: Policy, checkpoint: RunCheckpoint, folder: Path, settings: ExportSettings) -> None:
