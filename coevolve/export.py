@@ -235,14 +235,15 @@ def _names(entries: list[str]) -> str:
 
 def _move_into_place(folder: Path, out: Path, replaced: list[str], files: list[str]) -> None:
     """Make ``out`` (locked) hold the export written in ``folder``: the earlier export's files are removed (never
-    following a link) and the new ones moved in, the manifest first; a file that is not the earlier export's stops it
-    before it is replaced."""
+    following a link) and the new ones moved in, the manifest first. A file there that is not the earlier export's
+    (another program writes the folder) stops it before anything is moved or removed."""
+    appeared = [name for name in files if os.path.lexists(out / name) and name not in replaced]
+    if appeared:
+        raise ExportError(f"--out {out}: {_names(appeared)} appeared there while the export was written (another "
+                          f"program writes that folder); nothing was replaced")
     for name in replaced:
         os.unlink(out / name)
     for name in [EXPORT_MANIFEST] + [f for f in files if f != EXPORT_MANIFEST]:
-        if os.path.lexists(out / name):
-            raise ExportError(f"--out {out}: {name} appeared there while the export was written (another program "
-                              f"writes that folder); the export stopped before replacing it")
         os.replace(folder / name, out / name)
 
 
