@@ -176,13 +176,12 @@ def _private_copy(checkpoint: RunCheckpoint, root: Path) -> RunCheckpoint:
 
 
 def _follow_umask(folder: Path) -> None:
-    """Give ``folder`` and its files the modes of a new folder and files under the user's umask (the temporary
-    folder and some writers make them the owner's only)."""
+    """Give the files in ``folder`` the mode of a new file under the user's umask (safetensors and the atomic writes
+    make theirs the owner's only); ``--out`` itself is made by ``mkdir``, which follows the umask."""
     umask = os.umask(0o022)
     os.umask(umask)
     for path in folder.iterdir():
         os.chmod(path, 0o666 & ~umask)
-    os.chmod(folder, 0o777 & ~umask)
 
 
 def check_out_dir(out: Path, overwrite: bool) -> list[str]:
