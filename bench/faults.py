@@ -27,16 +27,23 @@ damage kinds); this runs larger, randomized versions and prints what was tried a
   resume once space is freed);
 - early: every bad command of ``tests/test_faults_cli.py``'s ``config_errors`` with an empty model cache and model
   loading replaced by a tripwire; held: one error line with the expected exit code before any model was loaded or
-  built, nothing written.
+  built, nothing written;
+- exports: ``coevolve export`` and ``coevolve eval DIR`` through the real CLI: E pairs of exports started together
+  into one --out, exports of a run that is training and rotating its checkpoints, a full and a read-only device (a
+  small tmpfs where mount is allowed), bad --max-shard-size values and impossible --out paths, a truncated export, an
+  export without its manifest, an exported program-world (AZR) model; held: each ends with its exit code and, for an
+  error, one line and no traceback; nothing mixed or half-written is left; the unlabelled export is prompted as the
+  labelled one; the AZR export evaluates the program sets.
 
 Run from the repository root:
-``.venv/bin/python bench/faults.py [--texts N] [--votes V] [--kills K] [--damages M] [--overwrites O]``.
+``.venv/bin/python bench/faults.py [--texts N] [--votes V] [--kills K] [--damages M] [--overwrites O] [--exports E]``.
 Writes ``bench/results/faults.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -500,6 +507,151 @@ def probe_early(work: Path) -> dict[str, Any]:
     return {"cases": cases, "held": all(c["held"] for c in cases)}
 
 
+# -- exports (issue 42): coevolve export and eval DIR under hostile conditions, through the real CLI ---------------
+
+def _coevolve(args: list[str], **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "coevolve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, **kwargs)
+
+
+def _ended(proc: subprocess.Popen) -> tuple[int, bool, str]:
+    """``proc``'s exit code; whether it ended cleanly (no traceback, and for an error exactly one ``error:``
+    line); its last line."""
+    out, err = proc.communicate()
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    last = (errors or (err + out).strip().splitlines() or [""])[-1][:200]
+    return proc.returncode, "Traceback" not in err and (proc.returncode == 0 or len(errors) == 1), last
+
+
+def _one_line(proc: subprocess.Popen, code: int) -> tuple[bool, str]:
+    """Whether ``proc`` ended cleanly with exit code ``code``; and its last line."""
+    returncode, clean, last = _ended(proc)
+    return returncode == code and clean, last
+
+
+def _mount_tmpfs(folder: Path, options: str) -> bool:
+    """A small tmpfs at ``folder`` (a full or read-only device without filling a real disk), where mount is
+    allowed (root in a container); False elsewhere."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+                          capture_output=True).returncode == 0
+
+
+def probe_exports(races: int, model: Path, work: Path) -> dict[str, Any]:
+    """``coevolve export`` and ``coevolve eval DIR`` as a hostile user drives them: two exports started together into
+    one --out (``races`` times), exports of a run that is still training and rotating its checkpoints, a full and a
+    read-only device (a small tmpfs, where mount is allowed), bad --max-shard-size values, an --out that cannot be,
+    a truncated export, an export without its manifest, an exported program-world model. Held: every command ends
+    with its exit code and, for an error, one line and no traceback; nothing mixed or half-written is left."""
+    rows: dict[str, dict[str, Any]] = {}
+
+    def row(name: str, held: bool, detail: str = "") -> None:
+        entry = rows.setdefault(name, {"tried": 0, "held": 0, "details": []})
+        entry["tried"] += 1
+        entry["held"] += bool(held)
+        if detail and not held:
+            entry["details"].append(detail)
+
+    run = work / "export-run"
+    sets = ["steps=3", "eval_sets=[arith_l1]", "eval_limit=4", "eval_max_new_tokens=16", *KILL_SETS[2:5]]
+    subprocess.run(_cli(["grpo", *[a for s in [f"model={model}", *sets] for a in ("--set", s)], "--out", str(run)]),
+                   check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    for i in range(races):  # two exports at once into one --out: one writes, the other is refused
+        out = work / f"race{i}"
+        procs = [_coevolve(["export", str(run), "--out", str(out), "--step", str(step), *extra])
+                 for step, extra in ((2, ["--max-shard-size", "100KB"]), (3, []))]
+        ends = [_ended(p) for p in procs]
+        codes = sorted(code for code, _, _ in ends)
+        lines = [(clean, last) for _, clean, last in ends]
+        manifest = json.loads((out / "coevolve_export.json").read_text()) if (out / "coevolve_export.json").exists() \
+            else {}
+        same = sorted(os.listdir(out)) == manifest.get("files") if out.exists() else False
+        row("two exports into one --out", codes == [0, 2] and all(ok for ok, _ in lines) and same,
+            f"exit codes {codes}; {[line for _, line in lines]}")
+
+    training = work / "training"  # exports while a run trains and rotates checkpoints (keep_checkpoints=1)
+    trainer = subprocess.Popen(_cli(["grpo", *[a for s in [f"model={model}", *KILL_SETS[1:5], "steps=1000",
+                                                             "keep_checkpoints=1"] for a in ("--set", s)],
+                                     "--out", str(training)]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    exported = 0
+    while trainer.poll() is None and exported < 2 * races:  # then the run is stopped
+        if not RunStore(training).checkpoint_steps():
+            time.sleep(0.2)
+            continue
+        ok, last = _one_line(_coevolve(["export", str(training), "--out", str(work / f"live{exported}")]), 0)
+        if not ok:  # refused in one line is also held: the checkpoint went before the copy was taken
+            ok = "removed while it was read" in last and "Traceback" not in last
+        row("export while the run trains", ok, last)
+        exported += 1
+    trainer.terminate()
+    trainer.wait()
+
+    bad = [["--max-shard-size", "abc"], ["--max-shard-size", "0"], ["--max-shard-size", "-1"]]
+    (work / "a-file").write_text("")
+    for args, where in [(a, work / "bad-size") for a in bad] + [([], Path("/proc/coevolve-x")),
+                                                                ([], work / "a-file" / "x")]:
+        ok, last = _one_line(_coevolve(["export", str(run), "--out", str(where), *args]), 2)
+        row("bad --max-shard-size or --out", ok and not (work / "bad-size").exists(), last)
+    for where in (Path("/proc/coevolve-x"), work / "a-file" / "x"):
+        ok, last = _one_line(_coevolve(["eval", str(run), "--limit", "2", "--out", str(where)]), 2)
+        row("eval --out that cannot be", ok, last)
+
+    full, read_only = work / "full", work / "read-only"
+    if _mount_tmpfs(full, "size=200k") and _mount_tmpfs(read_only, "ro,size=1m"):
+        try:
+            ok, last = _one_line(_coevolve(["export", str(run), "--out", str(full / "out")]), 2)
+            row("full or read-only device", ok and "no space left" in last and not os.listdir(full), last)
+            for command in (["export", str(run)], ["eval", str(run), "--limit", "2"]):
+                ok, last = _one_line(_coevolve([*command, "--out", str(read_only / "out")]), 2)
+                row("full or read-only device", ok, last)
+        finally:
+            subprocess.run(["umount", str(full)], check=False)
+            subprocess.run(["umount", str(read_only)], check=False)
+    else:
+        rows["full or read-only device"] = {"tried": 0, "held": 0, "details": ["not run: mount is not allowed here"]}
+
+    folder = work / "exported"
+    _one_line(_coevolve(["export", str(run), "--out", str(folder)]), 0)
+    truncated = work / "truncated"
+    shutil.copytree(folder, truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    ok, last = _one_line(_coevolve(["eval", str(truncated), "--limit", "2"]), 2)
+    row("truncated model.safetensors to eval", ok and "model.safetensors" in last, last)
+
+    prompts = {}
+    for name in ("with", "without"):
+        if name == "without":
+            (folder / "coevolve_export.json").unlink()
+        proc = _coevolve(["eval", str(folder), "--sets", "arith_l1", "--limit", "4", "--max-new-tokens", "16",
+                          "--out", str(work / f"eval-{name}")])
+        ok, last = _one_line(proc, 0)
+        results = work / f"eval-{name}" / "arith_l1" / "results.jsonl"
+        prompts[name] = [json.loads(line)["prompt"] for line in results.open()] if results.exists() else None
+    row("export without its manifest: prompted as trained", prompts["with"] is not None
+        and prompts["with"] == prompts["without"], str(prompts)[:200])
+
+    from coevolve.config import to_yaml
+    from coevolve.models import load_policy
+    from coevolve.recipes import resolve
+
+    config, _, _ = resolve("azr", sets=[f"model={model}", "steps=1", "task=program"])
+    azr = work / "azr"
+    azr.mkdir()
+    (azr / "config.yaml").write_text(to_yaml(config))
+    policy = load_policy(str(model)).model
+    RunStore(azr).save_checkpoint(1, {"solver": policy}, {"solver": torch.optim.AdamW(policy.parameters())}, {})
+    _one_line(_coevolve(["export", str(azr), "--out", str(work / "azr-export")]), 0)
+    proc = _coevolve(["eval", str(work / "azr-export"), "--limit", "1", "--max-new-tokens", "8"])
+    out, err = proc.communicate()
+    evaluated = [line.split()[0] for line in out.splitlines() if "accuracy:" in line]
+    row("exported AZR model evaluates its own sets", proc.returncode == 0 and bool(evaluated)
+        and all(name.startswith("prog_") for name in evaluated), f"{evaluated} {err[-200:]}")
+    return {"rows": rows, "held": all(r["held"] == r["tried"] for r in rows.values())}
+
+
 def print_table(results: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -547,6 +699,10 @@ def print_table(results: dict[str, Any]) -> None:
         summary.add_row("bad command, empty model cache", f"{len(cases)} commands",
                         f"{sum(c['held'] for c in cases)}/{len(cases)}",
                         f"slowest {max(c['seconds'] for c in cases):.1f} s; no model loaded or built")
+    if "exports" in results:
+        for name, row in results["exports"]["rows"].items():
+            summary.add_row(f"export/eval: {name}", str(row["tried"]), f"{row['held']}/{row['tried']}",
+                            "; ".join(row["details"])[:120])
     console.print(summary)
 
 
@@ -561,6 +717,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-early", dest="early", action="store_false", help="skip the bad-command probe")
     parser.add_argument("--no-rundir", dest="rundir", action="store_false", help="skip the run-folder probes (resume "
                         "past damage with user files, W&B folders and fallback, full disk, all updates skipped)")
+    parser.add_argument("--exports", type=int, default=3, help="export races into one --out; 0 skips every "
+                        "export and eval DIR probe")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "faults.json")
     return parser.parse_args(argv)
@@ -602,6 +760,11 @@ def main(argv: list[str] | None = None) -> None:
             if args.rundir:
                 results["rundir"] = probe_rundir(model, work)
                 print(f"run folder done ({time.perf_counter() - started:.0f} s)", flush=True)
+    if args.exports:
+        with tempfile.TemporaryDirectory() as scratch:
+            work = Path(scratch)
+            results["exports"] = probe_exports(args.exports, save_random_llama(work / "model", hidden=32), work)
+        print(f"exports done ({time.perf_counter() - started:.0f} s)", flush=True)
     results["wall_s"] = time.perf_counter() - started
     write_json(args.out, {**header, "machine": machine_info(), "args": vars(args) | {"out": str(args.out)},
                           "results": results})

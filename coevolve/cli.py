@@ -305,8 +305,9 @@ def eval_(
 
     from coevolve.config import ConfigError, SamplingConfig, SamplingOverride
     from coevolve.data.benchmarks import BenchmarkDataNotFound
-    from coevolve.evaluation.harness import EVAL_PRESETS, evaluate
-    from coevolve.models import ModelNotFoundError
+    from coevolve.evaluation.harness import EVAL_PRESETS, evaluate, out_dir_problem
+    from coevolve.export import exported_eval_sets
+    from coevolve.models import ModelFilesDamaged, ModelNotFoundError
     from coevolve.recipes import default_eval_sets
     from coevolve.rollout import make_engine
     from coevolve.rollout.vllm_engine import EngineUnavailable, require_vllm
@@ -322,16 +323,22 @@ def eval_(
         _fail(f"unknown evaluation preset {preset!r} (known: {', '.join(EVAL_PRESETS)})", 2)
     if engine_name not in ("hf", "vllm"):
         _fail(f"unknown engine {engine_name!r} (known: hf, vllm)", 2)
+    results = out or (Path(target) / "eval" if Path(target, "config.yaml").exists() else None)
+    problem = out_dir_problem(results) if results is not None else None
+    if problem:
+        _fail(f"cannot write the results to {results}: {problem}; pass --out DIR", 2)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")  # what it assumed
     try:
         if engine_name == "vllm":
             require_vllm()
         policy, default_sets, label = load_run_policy(target, checkpoint, trust_remote_code=trust_remote_code)
-    except (ConfigError, RunCheckpointError, CheckpointDamaged) as exc:
+    except (ConfigError, RunCheckpointError, CheckpointDamaged, ModelFilesDamaged) as exc:
         _fail(str(exc), 2)
     except (ModelNotFoundError, FileNotFoundError, EngineUnavailable) as exc:
         _fail(str(exc))
     set_names = [s.strip() for s in sets.split(",")] if sets else (
-        default_sets or default_eval_sets("program" if target == "tiny-program" else "arith"))
+        default_sets or (exported_eval_sets(Path(target)) if Path(target).is_dir() else None)
+        or default_eval_sets("program" if target == "tiny-program" else "arith"))
     out_dir = out or (Path(target) / "eval" / label if Path(target, "config.yaml").exists() else None)
     engine = make_engine(policy, SamplingConfig(engine=engine_name), seed=seed)
     try:
@@ -340,6 +347,8 @@ def eval_(
                              data_dir=str(data_dir) if data_dir else None, out_dir=out_dir, progress=True)
     except (BenchmarkDataNotFound, KeyError, ValueError, EngineUnavailable) as exc:
         _fail(str(exc).strip("'\""))
+    except OSError as exc:  # the results could not be written (a full disk, a folder changed meanwhile)
+        _fail(f"cannot write the results to {out_dir}: {exc.strerror or exc}", 2)
     for name, s in summaries.items():
         extras = "  ".join(f"{key} {val:.3f}" for key, val in s.items()
                            if key.startswith(("pass@", "avg@")) and isinstance(val, float))

@@ -54,12 +54,12 @@ def is_run(target: str | Path) -> bool:
 
 
 def find_checkpoint(run: str | Path, step: int | str | None = None, role: str | None = None,
-                    metric: str | None = None) -> RunCheckpoint:
+                    metric: str | None = None, *, verify: bool = True) -> RunCheckpoint:
     """The checkpoint of ``run`` at ``step`` (an int, ``latest`` or None for the newest, ``best`` for the one with the
     highest ``metric``, default the strict accuracy of the run's first evaluation set) for ``role`` (default the
-    solver), its files checked. Raises :class:`RunCheckpointError` for what does not exist and
-    :class:`coevolve.store.CheckpointDamaged` for a damaged checkpoint; the config errors of a run's config.yaml
-    (``ConfigError``) pass through."""
+    solver), its files checked (unless ``verify`` is false: for a caller that verifies its own copy). Raises
+    :class:`RunCheckpointError` for what does not exist and :class:`coevolve.store.CheckpointDamaged` for a damaged
+    checkpoint; the config errors of a run's config.yaml (``ConfigError``) pass through."""
     root = Path(run)
     if not is_run(root):
         raise RunCheckpointError(f"{root} is not a run directory (no config.yaml)")
@@ -86,7 +86,8 @@ def find_checkpoint(run: str | Path, step: int | str | None = None, role: str | 
     elif role not in roles:
         raise RunCheckpointError(f"unknown role {role!r}: this {config.recipe} run's checkpoints hold "
                                  f"{', '.join(roles) or 'no weights'}")
-    store.verify_checkpoint(chosen)
+    if verify:
+        store.verify_checkpoint(chosen)
     return RunCheckpoint(root, chosen, role, config, params, recipe)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Union
@@ -170,6 +170,19 @@ def claim_run_dir(folder: Path, *, resume: bool = False, overwrite: bool = False
     """Create ``folder`` if needed and hold its lock while the block runs; with ``overwrite``, first remove what an
     earlier run wrote there. If the block ends before ``config.yaml`` exists, the folder is left as it was found."""
     check_run_dir(folder, resume=resume, overwrite=overwrite)
+    with locked_folder(folder, kept=lambda: (folder / "config.yaml").exists()):
+        check_run_dir(folder, resume=resume, overwrite=overwrite)  # again, now that no other writer can change it
+        if overwrite and not resume:
+            remove_planned(removal_plan(folder)[0])
+        yield
+
+
+@contextmanager
+def locked_folder(folder: Path, kept: Callable[[], bool] = lambda: False) -> Iterator[None]:
+    """Create ``folder`` (and its missing parents) if needed and hold its exclusive writer lock (``folder/.lock``)
+    while the block runs; :class:`RunDirError` at once when another process holds it (a run, ``coevolve export``).
+    Unless ``kept()`` says the block left something to keep locked, the lock file is removed after, and with it the
+    folders this created that are still empty."""
     created = [p for p in (folder.absolute(), *folder.absolute().parents) if not p.exists()]  # deepest first
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -185,12 +198,9 @@ def claim_run_dir(folder: Path, *, resume: bool = False, overwrite: bool = False
         _remove_empty(created)
         raise RunDirError(f"--out {folder} is not writable: {exc.strerror or exc}") from None
     try:
-        check_run_dir(folder, resume=resume, overwrite=overwrite)  # again, now that no other writer can change it
-        if overwrite and not resume:
-            remove_planned(removal_plan(folder)[0])
         yield
     finally:
-        if not (folder / "config.yaml").exists():  # the run never started: no lock file or new folder left behind
+        if not kept():  # nothing left to guard: no lock file or new folder left behind
             (folder / LOCK_NAME).unlink(missing_ok=True)
             _remove_empty(created)
         lock.release()

@@ -192,6 +192,20 @@ def _evaluate_set(
     return summary, records
 
 
+def out_dir_problem(out: Path) -> str | None:
+    """Why results cannot be written under ``out`` (a file in the way, a folder that cannot be created or written),
+    or None; reads only, so a bad ``--out`` is found before a model loads."""
+    if out.exists():
+        return None if out.is_dir() and os.access(out, os.W_OK | os.X_OK) else \
+            f"{out} is {'not writable' if out.is_dir() else 'a file, not a folder'}"
+    parent = next(p for p in out.absolute().parents if p.exists())
+    if not parent.is_dir():
+        return f"{parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable, so {out} cannot be created"
+    return None
+
+
 def evaluate(
     policy: Any,
     engine: RolloutEngine,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,10 @@ BUILTIN_MODELS = {
 
 class ModelNotFoundError(RuntimeError):
     """A model name, path or package could not be resolved; the message says what to install or pass."""
+
+
+class ModelFilesDamaged(ModelNotFoundError):
+    """A model folder's weights file is cut short or unreadable; the message names the file."""
 
 
 @dataclass
@@ -141,13 +146,46 @@ def prepare_builtin(name: str, *, progress: bool = True) -> None:
         ensure_tiny_arith(progress=progress)
 
 
-def _exported_style(folder: Path) -> str | None:
-    """The prompt style an exported folder's manifest records (``coevolve export``), or None."""
+def export_manifest(folder: Path) -> dict | None:
+    """The ``coevolve_export.json`` that ``coevolve export`` wrote into ``folder``, or None (absent, unreadable)."""
     try:
         manifest = json.loads((folder / EXPORT_MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return manifest.get("prompt_style") if isinstance(manifest, dict) else None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def _damaged_weights(folder: Path) -> Path | None:
+    """The first safetensors file of ``folder`` whose header or length safetensors rejects, or None."""
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except (OSError, SafetensorError):
+            return path
+    return None
+
+
+def _character_level(tokenizer) -> bool:
+    """Whether every token but the special ones is one character (the tokenizer of coevolve's tiny models)."""
+    vocab = tokenizer.get_vocab()
+    special = set(tokenizer.all_special_tokens)
+    return len(vocab) <= 512 and all(len(token) == 1 for token in vocab if token not in special)
+
+
+def _recognised_style(name: str, tokenizer) -> str:
+    """The prompt style of a model folder that neither a tiny build's ``build_info.json`` nor an export's manifest
+    names, read from its tokenizer; one warning line says what was assumed when it has no chat template."""
+    if getattr(tokenizer, "chat_template", None):
+        return "chat"
+    if _character_level(tokenizer):
+        log.warning("%s names no prompt style (no readable %s) and its tokenizer has no chat template and one "
+                    "character per token: prompting it with the tasks' raw formats (compact), as coevolve's tiny "
+                    "models", name, EXPORT_MANIFEST)
+        return "compact"
+    log.warning("%s has no chat template: prompting it with the plain-language messages as they are (chat style)",
+                name)
+    return "chat"
 
 
 def load_policy(
@@ -161,6 +199,7 @@ def load_policy(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict = {"trust_remote_code": trust_remote_code}
+    style: str | None
     if name_or_path in TINY_BUILDS:
         _quiet_hub()
         source, style = str(TINY_BUILDS[name_or_path]()), "compact"
@@ -168,23 +207,32 @@ def load_policy(
         _quiet_hub()
         source, style = str(smollm2_hf_folder()), "chat"  # read in about a second; its GGUF took 35 s each time
     else:
-        source, style = name_or_path, "chat"
+        source, style = name_or_path, None  # recognised from its tokenizer below, unless its folder names it
         looks_local = name_or_path.startswith((os.path.sep, ".", "~")) or Path(name_or_path).exists()
         if looks_local and not Path(name_or_path).expanduser().exists():
             raise ModelNotFoundError(f"model path {name_or_path} does not exist")
         if Path(name_or_path).exists():
             _quiet_hub()
-            if (Path(name_or_path) / "build_info.json").exists() or _exported_style(Path(name_or_path)) == "compact":
-                style = "compact"  # a tiny-arith or tiny-program build folder, or an export of a model trained from one
+            manifest = export_manifest(Path(name_or_path))
+            if (Path(name_or_path) / "build_info.json").exists():
+                style = "compact"  # a tiny-arith or tiny-program build folder
+            elif manifest is not None and manifest.get("prompt_style") in ("chat", "compact"):
+                style = manifest["prompt_style"]  # an export: the style the run prompted it in
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        damaged = _damaged_weights(Path(source)) if isinstance(exc, SafetensorError) else None
+        if damaged is not None:
+            raise ModelFilesDamaged(f"could not load model {name_or_path!r}: {damaged} is cut short or damaged "
+                                    f"({first_line})") from exc
         raise ModelNotFoundError(
             f"could not load model {name_or_path!r}: {first_line} "
             f"(built-in names: {', '.join(BUILTIN_MODELS)}; or pass a local model folder)"
         ) from exc
+    if style is None:
+        style = _recognised_style(name_or_path, tokenizer)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
