@@ -58,8 +58,8 @@ def run_coevolve(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[d
         m = out.metrics
         rows.append({"step": step, "wall_s": wall, "tokens": m["tokens/solver"], "sample_s": m["time/solve_s"],
                      "reward_s": m["time/reward_s"], "reward_mean": m["solver/reward_mean"],
-                     "prompts": sorted({r["prompt"] for r in out.samples})})
-        dataset += [{"prompt": r["prompt"], "answer": r["label"]} for r in out.samples[::args.group]]
+                     "prompts": sorted({r.prompt for r in out.samples})})
+        dataset += [{"prompt": r.prompt, "answer": r.label} for r in out.samples[::args.group]]
     return rows, dataset
 
 
