@@ -25,7 +25,8 @@ Goals (figures, not tests): training at 40% or more of the bf16 peak at 1.5B, an
 
 Run from the repository root on a CUDA machine: ``.venv/bin/python bench/gpu.py`` (``--sizes 0.5b`` for one size,
 ``--offload`` to take turns on the GPU). ``--smoke`` runs every measurement on a tiny model at tiny sizes on the CPU
-(to check the benchmark runs; its figures mean nothing). Writes ``bench/results/gpu.json`` (``gpu_smoke.json``).
+(to check the benchmark runs; its figures mean nothing), but the compiled training variant (minutes of compilation on
+the CPU) unless ``--only compile`` names it. Writes ``bench/results/gpu.json`` (``gpu_smoke.json``).
 """
 
 from __future__ import annotations
@@ -519,6 +520,8 @@ def main() -> None:
         for variant, new in (("bf16_graphs", tokens), ("bf16", tokens), ("fp32", anchor), ("generate", anchor)):
             plan.append((f"{shape}/sampling/{variant}", partial(bench_sampling, folder, device, prompts, new, variant)))
         for variant, overrides in TRAINING_VARIANTS.items():
+            if small and overrides.get("compile") and not any("compile" in part for part in args.only):
+                continue  # compiling on the CPU takes minutes (275 s of warm-up here): a smoke leaves it out
             budget = overrides.get("micro_batch_tokens")
             if budget and small:
                 overrides = {**overrides, "micro_batch_tokens": 32}

@@ -110,7 +110,7 @@ def measure(model: str, sizes: Sizes) -> dict[str, Any]:
     for _ in range(sizes.repeats):
         with PeakMemory() as mem:
             t0 = time.perf_counter()
-            reference = dev_gradient(trainer, [s for q in dev for s in q])
+            reference = dev_gradient(trainer, [s for q in dev for s in q]).grads
             t1 = time.perf_counter()
             influence_scores(trainer, questions, reference)
             t2 = time.perf_counter()
@@ -142,12 +142,12 @@ def measure(model: str, sizes: Sizes) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["tiny-arith", "smollm2-135m"])
+    parser.add_argument("--models", nargs="+", help="built-in names or model folders (default: tiny-arith and "
+                        "smollm2-135m; --quick: tiny-arith)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "influence.json")
     parser.add_argument("--quick", action="store_true", help="tiny sizes on tiny-arith only: a smoke run")
     args = parser.parse_args()
-    if args.quick:
-        args.models = ["tiny-arith"]
+    args.models = args.models or (["tiny-arith"] if args.quick else ["tiny-arith", "smollm2-135m"])
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:  # freed tensors must leave the resident set
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD})
     warn_if_busy()
