@@ -33,7 +33,13 @@ damage kinds); this runs larger, randomized versions and prints what was tried a
   small tmpfs where mount is allowed), bad --max-shard-size values and impossible --out paths, a truncated export, an
   export without its manifest, an exported program-world (AZR) model; held: each ends with its exit code and, for an
   error, one line and no traceback; nothing mixed or half-written is left; the unlabelled export is prompted as the
-  labelled one; the AZR export evaluates the program sets.
+  labelled one; the AZR export evaluates the program sets;
+- programs: every hostile program of ``tests/execution/test_execution.py`` (runaways, escapes, forged results and
+  the rebinding liars) through the sandboxed executor, each followed by a plain one; held: each graded as the tests
+  allow (the liars: their honest value), every plain program answered 42 (skipped where no sandbox can be set up).
+
+``--smoke``: seconds: 20 texts, and the forgers and liars of the programs (not the runaways, which take the limits);
+none of the runs (for the test suite).
 
 Run from the repository root:
 ``.venv/bin/python bench/faults.py [--texts N] [--votes V] [--kills K] [--damages M] [--overwrites O] [--exports E]``.
@@ -652,6 +658,32 @@ def probe_exports(races: int, model: Path, work: Path) -> dict[str, Any]:
     return {"rows": rows, "held": all(r["held"] == r["tried"] for r in rows.values())}
 
 
+def probe_programs(hostile: bool = True) -> dict[str, Any]:
+    """The sandbox tests' hostile programs (unless ``hostile`` is False: they include runaways that take the limits),
+    forgers and liars, each followed by a plain program, through one executor."""
+    sys.path.insert(0, str(ROOT / "tests" / "execution"))
+    from test_execution import FORGERS, HOSTILE, LIARS, LIMITS, SENTINEL
+
+    from coevolve.execution import Executor, Job, sandbox_problem
+
+    problem = sandbox_problem()
+    if problem is not None:
+        return {"skipped": problem, "held": True}
+    cases = {name: (Job(code, expression), kinds) for name, (code, expression, kinds) in HOSTILE.items() if hostile}
+    honest = "def f(x):\n    return x\n"
+    cases |= {name: (Job(honest + code, "f(1)"), kinds) for name, (code, kinds) in FORGERS.items()}
+    cases |= {name: (Job(code + "\n" + honest, "f(1)"), {"ok"}) for name, code in LIARS.items()}
+    started = time.perf_counter()
+    with Executor(LIMITS, workers=2) as executor:
+        outcomes = executor.run([job for job, _ in cases.values() for job in (job, SENTINEL)])
+    rows = [{"program": name, "status": o.status, "detail": o.detail[:120],
+             "held": o.status in kinds and (o.value == "1" if name in LIARS else o.value is None)}
+            for (name, (_, kinds)), o in zip(cases.items(), outcomes[0::2])]
+    plain = all(o.status == "ok" and o.value == "42" for o in outcomes[1::2])
+    return {"programs": rows, "plain_ok": plain, "seconds": time.perf_counter() - started,
+            "held": plain and all(r["held"] for r in rows)}
+
+
 def print_table(results: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -703,6 +735,12 @@ def print_table(results: dict[str, Any]) -> None:
         for name, row in results["exports"]["rows"].items():
             summary.add_row(f"export/eval: {name}", str(row["tried"]), f"{row['held']}/{row['tried']}",
                             "; ".join(row["details"])[:120])
+    if "programs" in results:
+        programs = results["programs"]
+        rows = programs.get("programs", [])
+        summary.add_row("hostile programs, sandbox", f"{len(rows)} programs", "yes" if programs["held"] else "NO",
+                        programs.get("skipped") or f"{sum(r['held'] for r in rows)}/{len(rows)} graded as allowed, "
+                        f"plain programs after each answered: {programs['plain_ok']}")
     console.print(summary)
 
 
@@ -719,9 +757,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "past damage with user files, W&B folders and fallback, full disk, all updates skipped)")
     parser.add_argument("--exports", type=int, default=3, help="export races into one --out; 0 skips every "
                         "export and eval DIR probe")
+    parser.add_argument("--no-programs", dest="programs", action="store_false", help="skip the sandbox probe")
+    parser.add_argument("--smoke", action="store_true", help="20 texts and the programs only: seconds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "faults.json")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.texts, args.votes, args.kills, args.damages, args.overwrites, args.early = 20, 0, 0, 0, 0, False
+        args.rundir, args.exports = False, 0
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -738,6 +782,9 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             results["early"] = probe_early(Path(scratch))
         print(f"early done ({time.perf_counter() - started:.0f} s)", flush=True)
+    if args.programs:
+        results["programs"] = probe_programs(hostile=not args.smoke)
+        print(f"programs done ({time.perf_counter() - started:.0f} s)", flush=True)
     if args.kills or args.damages or args.overwrites or args.rundir:
         with tempfile.TemporaryDirectory() as scratch:
             work = Path(scratch)

@@ -25,7 +25,8 @@ Goals (figures, not tests): training at 40% or more of the bf16 peak at 1.5B, an
 
 Run from the repository root on a CUDA machine: ``.venv/bin/python bench/gpu.py`` (``--sizes 0.5b`` for one size,
 ``--offload`` to take turns on the GPU). ``--smoke`` runs every measurement on a tiny model at tiny sizes on the CPU
-(to check the benchmark runs; its figures mean nothing). Writes ``bench/results/gpu.json`` (``gpu_smoke.json``).
+(to check the benchmark runs; its figures mean nothing), but the compiled training variant (minutes of compilation on
+the CPU) unless ``--only compile`` names it. Writes ``bench/results/gpu.json`` (``gpu_smoke.json``).
 """
 
 from __future__ import annotations
@@ -124,15 +125,20 @@ def bench_sampling(folder: Path, device: torch.device, prompts: int, tokens: int
                                  pad_token_id=policy.tokenizer.pad_token_id)
             return (out.shape[1] - batch["input_ids"].shape[1]) * n
     elif variant == "continuous":
-        from transformers import GenerationConfig
+        from transformers import ContinuousBatchingConfig, GenerationConfig
 
         model = policy.model.to(torch.bfloat16)
         ids = [policy.tokenizer(t)["input_ids"] for t in texts]
+        # On the CPU transformers sizes the paged cache from the machine's RAM (21.8 GB resident for the smoke model):
+        # a cache for exactly this batch instead (on a GPU it sizes the cache from free GPU memory, as a user's would)
+        longest = max(len(i) for i in ids) + tokens + 4
+        paged = None if device.type == "cuda" else ContinuousBatchingConfig(
+            page_size=16, num_blocks=prompts * -(-longest // 16), max_batch_tokens=prompts * longest)
 
         def run(n: int, new: int) -> int:
             config = GenerationConfig(do_sample=True, max_new_tokens=new, eos_token_id=-1,
                                       pad_token_id=policy.tokenizer.pad_token_id)
-            out = model.generate_batch(inputs=ids[:n], generation_config=config)
+            out = model.generate_batch(inputs=ids[:n], generation_config=config, continuous_batching_config=paged)
             return sum(len(o.generated_tokens) for o in out.values())
     else:
         dtype, graphs = SAMPLERS[variant]
@@ -468,6 +474,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=[], help="run only the measurements whose name contains one of "
                         "these (names: SIZE/sampling/VARIANT, SIZE/training/VARIANT, SIZE/two_role_step)")
     parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "coevolve-gpu-bench")
+    parser.add_argument("--out", type=Path, help="the JSON to write (default: bench/results/gpu*.json)")
     parser.add_argument("--paper-presets", action="store_true", help="one step of each recipe's paper preset at its "
                         "full token budgets (1.5B shape; --recipes to choose), instead of the measurements above")
     parser.add_argument("--memory-gib", type=float, help="use at most this much of the GPU (a per-process memory "
@@ -489,8 +496,8 @@ def main() -> None:
         "rollout.max_new_tokens": 8 if small else 512, "rollout.batch_size": 4 if small else 256,
         "train.micro_batch_size": 2 if small else args.micro_batch,
     }
-    path = RESULTS_DIR / ((("gpu_paper" if args.paper_presets else "gpu") + ("_smoke" if small else "")
-                            + ("_quick" if args.quick and not args.paper_presets else "")) + ".json")
+    path = args.out or RESULTS_DIR / ((("gpu_paper" if args.paper_presets else "gpu") + ("_smoke" if small else "")
+                                       + ("_quick" if args.quick and not args.paper_presets else "")) + ".json")
     RESULTS.update({**run_header(), "machine": machine_info(), "smoke": small, "quick": args.quick})
     if device.type == "cuda":
         RESULTS["machine"]["gpu"] = torch.cuda.get_device_name(device)
@@ -513,6 +520,8 @@ def main() -> None:
         for variant, new in (("bf16_graphs", tokens), ("bf16", tokens), ("fp32", anchor), ("generate", anchor)):
             plan.append((f"{shape}/sampling/{variant}", partial(bench_sampling, folder, device, prompts, new, variant)))
         for variant, overrides in TRAINING_VARIANTS.items():
+            if small and overrides.get("compile") and not any("compile" in part for part in args.only):
+                continue  # compiling on the CPU takes minutes (275 s of warm-up here): a smoke leaves it out
             budget = overrides.get("micro_batch_tokens")
             if budget and small:
                 overrides = {**overrides, "micro_batch_tokens": 32}

@@ -17,7 +17,8 @@ rollouts, and then measures
 
 It prints a table and writes ``bench/results/influence.json`` with the machine, load average, command and time.
 Run from the repository root, pinned to one core:
-``OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python bench/influence.py [--models tiny-arith smollm2-135m]``.
+``OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python bench/influence.py [--models tiny-arith smollm2-135m]``
+(``--quick``: tiny sizes on tiny-arith, a smoke run whose figures mean nothing).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class Sizes:
 
 
 SIZES = {"compact": Sizes(questions=32, group=8, dev_questions=16, completion_tokens=48, micro_batch=8, repeats=3),
-         "chat": Sizes(questions=4, group=8, dev_questions=2, completion_tokens=48, micro_batch=8, repeats=1)}
+         "chat": Sizes(questions=4, group=8, dev_questions=2, completion_tokens=48, micro_batch=8, repeats=1),
+         "quick": Sizes(questions=2, group=2, dev_questions=1, completion_tokens=8, micro_batch=2, repeats=1)}
 
 
 def rss_kib(field: str) -> int:
@@ -108,7 +110,7 @@ def measure(model: str, sizes: Sizes) -> dict[str, Any]:
     for _ in range(sizes.repeats):
         with PeakMemory() as mem:
             t0 = time.perf_counter()
-            reference = dev_gradient(trainer, [s for q in dev for s in q])
+            reference = dev_gradient(trainer, [s for q in dev for s in q]).grads
             t1 = time.perf_counter()
             influence_scores(trainer, questions, reference)
             t2 = time.perf_counter()
@@ -140,16 +142,19 @@ def measure(model: str, sizes: Sizes) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["tiny-arith", "smollm2-135m"])
+    parser.add_argument("--models", nargs="+", help="built-in names or model folders (default: tiny-arith and "
+                        "smollm2-135m; --quick: tiny-arith)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "influence.json")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes on tiny-arith only: a smoke run")
     args = parser.parse_args()
+    args.models = args.models or (["tiny-arith"] if args.quick else ["tiny-arith", "smollm2-135m"])
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:  # freed tensors must leave the resident set
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD})
     warn_if_busy()
     header = run_header()
     rows = []
     for model in args.models:  # tiny-arith reads the compact format; every other model is a chat model
-        rows.append(measure(model, SIZES["compact" if model == "tiny-arith" else "chat"]))
+        rows.append(measure(model, SIZES["quick" if args.quick else "compact" if model == "tiny-arith" else "chat"]))
     print(f"{'model':<14} {'params':>10} {'rollouts':>8} {'phase 4 s':>10} {'update s':>9} {'time x':>7} "
           f"{'dev grad s':>10} {'extra MiB':>9} {'mem x param':>11} {'update mem x':>12} {'beyond update x':>15}")
     for r in rows:

@@ -9,6 +9,7 @@ in the code (the code moved on) is *stale*: it is reported, and the script exits
 
     .venv/bin/python bench/mutation.py                     # every mutation (10-25 min on 2 cores)
     .venv/bin/python bench/mutation.py --list              # names, files and mapped tests
+    .venv/bin/python bench/mutation.py --smoke             # every mutation still applies (seconds, no tests run)
     .venv/bin/python bench/mutation.py --only kl_dropped tis_dropped --no-baseline
     .venv/bin/python bench/mutation.py --tests-at 60343e0  # an older commit's tests against today's code
 
@@ -131,8 +132,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("opensir_parsed_denominator_ignored", "coevolve/recipes/opensir.py",
              'if self.params.solve_rate_denominator == "group":', "if True:", ("tests/recipes/test_opensir.py",)),
     Mutation("infuser_dev_gradient_sign_flipped", "coevolve/recipes/infuser.py",
-             "halves[i in second].extend(train_samples(group, dr_grpo_advantages(",
-             "halves[i in second].extend(train_samples(group, -dr_grpo_advantages(",
+             'halves[i in second].extend(train_samples(group, compute_advantages("dr_grpo", r, [0] * len(r))))',
+             'halves[i in second].extend(train_samples(group, [-a for a in compute_advantages("dr_grpo", r, '
+             '[0] * len(r))]))',
              ("tests/recipes/test_infuser.py",)),
     Mutation("rzero_solver_reward_weights_swapped", "coevolve/recipes/r_zero.py",
              '(1 - p.solver_format_weight) * x["agree"] + p.solver_format_weight * x["format"]',
@@ -143,7 +145,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- store and resume ----------------------------------------------------------------------------------------
     Mutation("metrics_of_lost_steps_kept", STORE, 'rows = [r for r in self.metrics() if r.get("step", -1) <= step]',
              "rows = self.metrics()", RESUME),
-    Mutation("updates_done_not_restored", LOOP, 't.updates_done = state["updates_done"][role]', "pass", RESUME),
+    Mutation("updates_done_not_restored", LOOP, "trainer.updates_done = updates_done[role]", "pass", RESUME),
     Mutation("recipe_state_not_restored", LOOP, 'recipe.load_state_dict(state["loop_recipe"])', "pass",
              ("tests/recipes/test_r_zero.py", "-k", "resume")),
     Mutation("checkpoints_pruned_one_late", STORE, "for old in self.checkpoint_steps()[:-keep]:",
@@ -260,8 +262,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-baseline", action="store_true", help="skip the run of the mapped tests unmutated")
     parser.add_argument("--tests-at", metavar="COMMIT", help="score the tests of this commit against today's code")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per pytest run (default 900)")
+    parser.add_argument("--smoke", action="store_true", help="check that every mutation's text is found once and its "
+                        "tests exist, without running them (seconds: what the test suite runs)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "mutation.json")
     return parser.parse_args(argv)
+
+
+def smoke(chosen: list[Mutation], out: Path) -> int:
+    """Every chosen mutation applies (its text is in its file exactly once) and its mapped test files exist."""
+    stale = [m.name for m in chosen if (ROOT / m.path).read_text().count(m.old) != 1]
+    missing = sorted({t.split("::")[0] for m in chosen for t in m.tests
+                      if t.startswith("tests/") and not (ROOT / t.split("::")[0]).exists()})
+    print(f"{len(chosen)} mutations: {len(stale)} stale ({', '.join(stale) or 'none'}), "
+          f"missing test files: {', '.join(missing) or 'none'}")
+    write_json(out, {**run_header(), "smoke": True, "mutations": len(chosen), "stale": stale,
+                     "missing_tests": missing})
+    return 1 if stale or missing else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in chosen:
             print(f"{m.name:42s} {m.path:34s} {' '.join(m.tests)}")
         return 0
+    if args.smoke:
+        return smoke(chosen, args.out)
     warn_if_busy()
     machine, started = machine_info(), time.perf_counter()
     outcomes: list[Outcome] = []

@@ -58,8 +58,8 @@ def run_coevolve(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[d
         m = out.metrics
         rows.append({"step": step, "wall_s": wall, "tokens": m["tokens/solver"], "sample_s": m["time/solve_s"],
                      "reward_s": m["time/reward_s"], "reward_mean": m["solver/reward_mean"],
-                     "prompts": sorted({r["prompt"] for r in out.samples})})
-        dataset += [{"prompt": r["prompt"], "answer": r["label"]} for r in out.samples[::args.group]]
+                     "prompts": sorted({r.prompt for r in out.samples})})
+        dataset += [{"prompt": r.prompt, "answer": r.label} for r in out.samples[::args.group]]
     return rows, dataset
 
 
@@ -99,6 +99,7 @@ class _StepClock:
 def run_trl(args: argparse.Namespace, dataset: list[dict[str, str]]) -> list[dict[str, Any]]:
     """The same steps through ``trl.GRPOTrainer``; returns every step's row."""
     from datasets import Dataset
+    from datasets.table import InMemoryTable
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
     from trl import __version__ as trl_version
@@ -140,8 +141,11 @@ def run_trl(args: argparse.Namespace, dataset: list[dict[str, str]]) -> list[dic
             fp16=False, shuffle_dataset=False, report_to="none", **no_checkpointing,
             logging_strategy="no", save_strategy="no", disable_tqdm=True, log_completions=False,
             dataloader_num_workers=0, dataloader_pin_memory=False)
+        # A fingerprint of our own: datasets 5.2 fails to hash a table under pyarrow 26 (dill cannot pickle its
+        # MonthDayNano type), which Dataset.from_list does to make one
+        prompts = Dataset(InMemoryTable.from_pylist(dataset), fingerprint="coevolve-prompts")
         trainer = GRPOTrainer(model=policy.model, reward_funcs=exact_answer, args=config,
-                              train_dataset=Dataset.from_list(dataset), processing_class=policy.tokenizer,
+                              train_dataset=prompts, processing_class=policy.tokenizer,
                               callbacks=[clock.callback])
         trainer.remove_callback(PrinterCallback)  # it prints the end-of-training summary
         wrap_timer(trainer, "_generate_single_turn", clock.generate)

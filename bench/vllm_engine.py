@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -109,6 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grpo-group", type=int, default=4)
     parser.add_argument("--grpo-tokens", type=int, default=128)
     parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "vllm_engine.json")
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -159,9 +161,8 @@ def main(argv: list[str] | None = None) -> None:
         phases = "  ".join(f"{k[5:-2]} {val:.1f}s" for k, val in step.items()
                            if k.startswith("time/") and k != "time/step_s")
         print(f"{engine:<6} step {step['step_s']:.1f} s  ({phases})  peak RSS {r['peak_rss_mib']:.0f} MiB")
-    path = RESULTS_DIR / "vllm_engine.json"
-    write_json(path, payload)
-    print(f"\nwrote {path}")
+    write_json(args.out, payload)
+    print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":

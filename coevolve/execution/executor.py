@@ -106,7 +106,7 @@ class Outcome:
 def _bwrap_options(bwrap: str) -> frozenset[str]:
     """The options this bubblewrap knows (``--size`` and ``--disable-userns`` are recent)."""
     try:
-        text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30).stdout
+        text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=START_SECONDS).stdout
     except (OSError, subprocess.TimeoutExpired):
         return frozenset()
     return frozenset(word for word in text.split() if word.startswith("--"))
@@ -189,7 +189,9 @@ def sandbox_problem() -> str | None:
     command = _bwrap_command(bwrap, _interpreter(), ExecutionLimits(), uid) + ["-s", "-S", "-c", probe]
     try:
         result = subprocess.run(command, env=ENVIRONMENT, capture_output=True, text=True, timeout=START_SECONDS)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired:
+        return f"the sandbox did not start in {START_SECONDS:g} s ({bwrap} never answered)"
+    except OSError as exc:
         return f"bubblewrap (bwrap) did not run: {exc}"
     if result.returncode == 0:
         return None

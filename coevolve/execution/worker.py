@@ -5,11 +5,18 @@ The executor runs this file's text as ``python -s -S -c <text> <config JSON>`` i
 standard library exists (and itself imports only ``descendants`` from it). Messages both ways are a 4-byte
 big-endian length and a JSON object. Everything here runs before or around model-written code, never under its
 control, except ``run_program``: the forked child's whole life, which never returns.
+
+A program cannot forge its result. The child never writes one while the program's code can still run: it execs a
+shell (``REPORT_SCRIPT``) with the result as arguments, and the shell writes ``READY`` to ``RESULT_FD``; the worker
+then checks that the child's ``/proc/PID/exe`` is that shell (so no Python, no thread, no handler of the program is
+left), sends a key drawn after the fork on ``KEY_FD``, and accepts only ``READY``, the key and one result, in that
+order. Bytes a program writes to the channel grade it ``forbidden``; a program that exits early has no result.
 """
 
 from __future__ import annotations
 
 import builtins
+import fcntl
 import json
 import math
 import os
@@ -31,11 +38,19 @@ PRELOADED = ("bisect", "collections", "copy", "functools", "heapq", "itertools",
 FORBIDDEN_EVENTS = frozenset({"os.exec", "os.fork", "os.forkpty", "os.posix_spawn", "os.system", "os.unshare",
                               "os.setns", "subprocess.Popen", "ctypes.dlopen"})
 FORBIDDEN_MODULES = frozenset({"ctypes", "_ctypes", "_posixsubprocess"})
+TAMPERED = {"status": "forbidden", "value": None, "detail": "wrote to the sandbox's result channel"}
 CHILD_STATUSES = frozenset({"ok", "syntax", "error", "forbidden", "memory", "output", "killed"})
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
 MIB = 1 << 20
 SWEEP_SECONDS = 2.0  # how long the kill sweep may take before the worker gives up and retires
-RESULT_FD = 3
+RESULT_FD, KEY_FD = 3, 4  # in the child: the result channel to the worker, and the key the worker sends the reporter
+READY = b"R"
+# The reporter, a shell the child execs with its result as arguments (status, detail, then the value's UTF-8 in chunks
+# under the kernel's 128 KiB per argument): it says READY, reads the key the worker sends once it has seen the exec,
+# and writes the key, the status, the detail and the value.
+REPORT_SCRIPT = ("printf R >&3 && IFS= read -r key <&4 "
+                 "&& printf '%s\\n%s\\n%s\\n' \"$key\" \"$1\" \"$2\" >&3 && shift 2 && printf '%s' \"$@\" >&3")
+ARGUMENT_CHUNK = 100_000
 
 
 def one_line(text: object, limit: int = 300) -> str:
@@ -205,7 +220,9 @@ def set_limits(limits: dict, tasks_before: int) -> None:
 
 
 def execute(code: str, expression: str) -> dict:
-    """exec ``code`` in a fresh namespace, evaluate ``expression`` there: the child's result (status, value, detail)."""
+    """exec ``code`` in a fresh namespace, evaluate ``expression`` there: the child's result (status, value, detail).
+    What it uses after the program starts is bound first (see ``run_program``)."""
+    evaluate, represent, explain, memory_error, any_error = eval, repr, describe, MemoryError, BaseException
     try:
         program = compile(code, "<program>", "exec", dont_inherit=True)
         call = compile(expression, "<expression>", "eval", dont_inherit=True)
@@ -216,22 +233,57 @@ def execute(code: str, expression: str) -> dict:
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     try:
         exec(program, namespace)
-        return {"status": "ok", "value": repr(eval(call, namespace))}
-    except MemoryError:
+        return {"status": "ok", "value": represent(evaluate(call, namespace))}
+    except memory_error:
         return {"status": "memory", "detail": "MemoryError"}
-    except BaseException as exc:  # SystemExit and KeyboardInterrupt included: the program's own failure
-        return {"status": "error", "detail": describe(exc)}
+    except any_error as exc:  # SystemExit and KeyboardInterrupt included: the program's own failure
+        return {"status": "error", "detail": explain(exc)}
 
 
-def run_program(job: dict, limits: dict, workdir: str, tasks_before: int, out_w: int, res_w: int) -> None:
-    """The forked child: confine itself, run the job, write the result to ``RESULT_FD`` and exit. Never returns."""
+def run_program(job: dict, limits: dict, workdir: str, tasks_before: int, fds: tuple[int, int, int],
+                reporter: str) -> None:
+    """The forked child: confine itself, run the job and exec the reporter with its result. Never returns.
+
+    A program can rebind the builtins, module attributes and this module's globals, so everything used once it has
+    started is bound to a local here first: a running function's locals are out of its reach. ``fds`` are the ends of
+    the output pipe, the result pipe and the key pipe."""
+    execve, exit_now, any_error, check, run = os.execve, os._exit, BaseException, check_value, execute
+    get_limit, set_limit, stack_limit = resource.getrlimit, resource.setrlimit, resource.RLIMIT_STACK
+    script, chunk, flushes = REPORT_SCRIPT, ARGUMENT_CHUNK, (sys.stdout.flush, sys.stderr.flush)
+    forbidden_events, forbidden_modules = FORBIDDEN_EVENTS, FORBIDDEN_MODULES
     violations: list[str] = []
+    reporting = False
+
+    def report(status: str, detail: str = "", value: str | None = None) -> None:
+        """Exec the reporter shell with the result as its arguments; never returns."""
+        nonlocal reporting
+        reporting = True  # the one exec the audit hook lets through
+        try:
+            data = value.encode("utf-8") if value is not None else b""
+        except any_error:
+            status, detail, data = "output", "the value's repr is not valid UTF-8", b""
+        arguments = (reporter, "-c", script, "report", status, detail.replace("\0", "\\x00"))
+        while data:
+            arguments, data = arguments + (data[:chunk],), data[chunk:]
+        try:
+            soft, hard = get_limit(stack_limit)
+            set_limit(stack_limit, (hard, hard))  # the kernel allows arguments up to a quarter of the stack limit
+            execve(reporter, arguments, {})
+        except any_error:
+            pass
+        try:
+            execve(reporter, (reporter, "-c", script, "report", "output", "the value's repr cannot be reported (a NUL "
+                              "character, or over the kernel's limit on arguments)"), {})
+        finally:
+            exit_now(70)
+
     try:
         os.setsid()
-        os.dup2(out_w, 1)
-        os.dup2(out_w, 2)
-        os.dup2(res_w, RESULT_FD)
-        os.closerange(RESULT_FD + 1, 1 << 16)  # the executor's channel and every other pipe
+        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 16) for fd in fds]  # above every target, then onto them
+        for source, targets in zip(moved, ((1, 2), (RESULT_FD,), (KEY_FD,))):
+            for target in targets:
+                os.dup2(source, target)
+        os.closerange(KEY_FD + 1, 1 << 16)  # the executor's channel and every other pipe
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(number, signal.SIG_DFL)
         os.mkdir(workdir, 0o700)
@@ -241,29 +293,33 @@ def run_program(job: dict, limits: dict, workdir: str, tasks_before: int, out_w:
             sys.modules["random"].seed()
 
         def forbid(event: str, args: tuple) -> None:
-            if event == "import" and args[0].partition(".")[0] in FORBIDDEN_MODULES:
+            if event == "import" and args[0].partition(".")[0] in forbidden_modules:
                 event = f"import {args[0]}"
-            elif event not in FORBIDDEN_EVENTS:
+            elif event not in forbidden_events or event == "os.exec" and reporting:
                 return
             violations.append(event)
             raise PermissionError(f"{event} is not allowed in the sandbox")
 
         sys.addaudithook(forbid)
     except BaseException as exc:
-        write_result({"status": "killed", "detail": f"sandbox set-up failed: {describe(exc)}"})
-        os._exit(70)
-    result = execute(job["code"], job["expression"])
-    for stream in (sys.stdout, sys.stderr):
+        report("killed", f"sandbox set-up failed: {describe(exc)}")
+    try:
+        result = run(job["code"], job["expression"])
+    except any_error:  # the program broke a function of this module that it could reach
+        result = {"status": "killed", "detail": "the program disrupted its own grading"}
+    for flush in flushes:
         try:
-            stream.flush()
-        except BaseException:
+            flush()
+        except any_error:
             pass
     if violations:
-        result = {"status": "forbidden", "detail": f"{violations[0]} is not allowed in the sandbox"}
-    elif result["status"] == "ok":
-        result = check_value(result["value"], limits["output_bytes"]) or result
-    write_result(result)
-    os._exit(0)
+        report("forbidden", f"{violations[0]} is not allowed in the sandbox")
+    if result["status"] == "ok":
+        over = check(result["value"], limits["output_bytes"])
+        if over is not None:
+            report(over["status"], over["detail"])
+        report("ok", "", result["value"])
+    report(result["status"], result["detail"])
 
 
 def check_value(text: str, limit: int) -> dict | None:
@@ -276,15 +332,6 @@ def check_value(text: str, limit: int) -> dict | None:
     except UnicodeEncodeError:
         return {"status": "output", "detail": "the value's repr is not valid UTF-8"}
     return over if size > limit else None
-
-
-def write_result(result: dict) -> None:
-    data = ("\n" + json.dumps(result) + "\n").encode("ascii")
-    try:
-        while data:
-            data = data[os.write(RESULT_FD, data):]
-    except OSError:
-        pass
 
 
 class Capped:
@@ -323,24 +370,31 @@ def drain(fds: dict[int, Capped], seconds: float) -> None:
 
 def run_job(job: dict, config: dict, number: int, tasks_before: int) -> tuple[dict, bool]:
     """Run one job in a forked child: (the outcome for the executor, whether this worker is still fit for more)."""
-    limits, confined = config["limits"], config["confined"]
+    limits, confined, reporter = config["limits"], config["confined"], config["reporter"]
     workdir = os.path.join(config["root"], f"program-{number}")
     out_r, out_w = os.pipe()
     res_r, res_w = os.pipe()
+    key_r, key_w = os.pipe()
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        os.close(out_r)
-        os.close(res_r)
-        run_program(job, limits, workdir, tasks_before, out_w, res_w)
+        try:
+            os.close(out_r)
+            os.close(res_r)
+            os.close(key_w)
+            run_program(job, limits, workdir, tasks_before, (out_w, res_w, key_r), reporter)
+        finally:
+            os._exit(70)
     os.close(out_w)
     os.close(res_w)
+    os.close(key_r)
+    key = os.urandom(16).hex().encode("ascii")  # drawn after the fork: the child's memory never held it
     output, result = Capped(limits["output_bytes"]), Capped(limits["output_bytes"] + 65536)
     streams = {out_r: output, res_r: result}
     pidfd = os.pidfd_open(pid)
     deadline = start + limits["wall_seconds"]
-    exited = timed_out = False
-    while not (exited or output.over or result.over):
+    exited = timed_out = tampered = key_sent = False
+    while not (exited or tampered or output.over or result.over):
         left = deadline - time.monotonic()
         if left <= 0:
             timed_out = True
@@ -351,10 +405,15 @@ def run_job(job: dict, config: dict, number: int, tasks_before: int) -> tuple[di
                 exited = True
                 continue
             chunk = os.read(fd, 1 << 16)
-            if chunk:
-                streams[fd].add(chunk)
-            else:
+            if not chunk:
                 del streams[fd]  # the child closed it; the pidfd reports its exit
+                continue
+            streams[fd].add(chunk)
+            if fd == res_r and not key_sent:  # the first bytes of a result: only the reporter may write them
+                tampered = result.data[:1] != READY or not runs(pid, reporter)
+                if not tampered:
+                    send_key(key_w, key)
+                    key_sent = True
     os.close(pidfd)
     seconds = time.monotonic() - start
     if not exited:
@@ -365,15 +424,31 @@ def run_job(job: dict, config: dict, number: int, tasks_before: int) -> tuple[di
     _, status, usage = os.wait4(pid, 0)
     clean = kill_leftovers(confined)
     drain(streams, 0.2)
-    os.close(out_r)
-    os.close(res_r)
+    for fd in (out_r, res_r, key_w):
+        os.close(fd)
     clean = empty_folder(config["root"]) and clean  # else retire: the next worker starts with a fresh folder
-    outcome = classify(status, usage, limits, output, result, timed_out)
-    outcome["seconds"] = seconds
+    outcome = TAMPERED if tampered else classify(status, usage, limits, output, result, timed_out, key)
+    outcome = {**outcome, "seconds": seconds}
     return outcome, clean
 
 
-def classify(status: int, usage, limits: dict, output: Capped, result: Capped, timed_out: bool) -> dict:
+def runs(pid: int, executable: str) -> bool:
+    """Whether process ``pid`` now runs ``executable`` (its ``/proc/PID/exe``; unreadable while it is the forked,
+    non-dumpable interpreter, and a program cannot point it anywhere without an exec)."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == executable
+    except OSError:
+        return False
+
+
+def send_key(fd: int, key: bytes) -> None:
+    try:
+        os.write(fd, key + b"\n")
+    except OSError:  # the reporter died
+        pass
+
+
+def classify(status: int, usage, limits: dict, output: Capped, result: Capped, timed_out: bool, key: bytes) -> dict:
     """The outcome of a finished child from its exit status, CPU time, output and result."""
     cpu = usage.ru_utime + usage.ru_stime
     if output.over:
@@ -390,7 +465,7 @@ def classify(status: int, usage, limits: dict, output: Capped, result: Capped, t
         output.data.decode("utf-8")
     except UnicodeDecodeError:
         return {"status": "output", "value": None, "detail": "the program's output is not UTF-8"}
-    parsed = parse_result(bytes(result.data))
+    parsed = parse_result(bytes(result.data), key, limits["output_bytes"])
     if parsed is not None:
         return parsed
     if signaled:
@@ -403,19 +478,26 @@ def classify(status: int, usage, limits: dict, output: Capped, result: Capped, t
     return {"status": "killed", "value": None, "detail": f"exited with code {os.WEXITSTATUS(status)} without a result"}
 
 
-def parse_result(data: bytes) -> dict | None:
-    """The child's result from the last line it wrote, or None when there is none or it is not one of ours."""
+def parse_result(data: bytes, key: bytes, limit: int) -> dict | None:
+    """The reporter's result: READY, the key, the status, the detail, then the value. None when there is none or it
+    stops short; TAMPERED when anything else is on the channel."""
+    head = READY + key + b"\n"
+    if not data.startswith(head):
+        return None if head.startswith(data) else TAMPERED
+    fields = data[len(head):].split(b"\n", 2)
+    if len(fields) < 3:
+        return None
+    status, detail, value = fields[0].decode("ascii", "replace"), fields[1].decode("utf-8", "replace"), fields[2]
+    if status not in CHILD_STATUSES:
+        return TAMPERED
+    if status != "ok":
+        return {"status": status, "value": None, "detail": one_line(detail)}
+    if len(value) > limit:
+        return {"status": "output", "value": None, "detail": f"the value's repr is over the limit of {limit} bytes"}
     try:
-        lines = data.decode("ascii").split("\n")
-        parsed = json.loads(next(line for line in reversed(lines) if line))
-    except (UnicodeDecodeError, StopIteration, ValueError):
-        return None
-    if (not isinstance(parsed, dict) or parsed.get("status") not in CHILD_STATUSES
-            or parsed["status"] == "ok" and not isinstance(parsed.get("value"), str)
-            or not isinstance(parsed.get("detail", ""), str)):
-        return None
-    return {"status": parsed["status"], "value": parsed["value"] if parsed["status"] == "ok" else None,
-            "detail": one_line(parsed.get("detail", ""))}
+        return {"status": "ok", "value": value.decode("utf-8"), "detail": ""}
+    except UnicodeDecodeError:
+        return {"status": "output", "value": None, "detail": "the value's repr is not valid UTF-8"}
 
 
 def main() -> None:
@@ -434,6 +516,9 @@ def main() -> None:
     for name in PRELOADED:
         __import__(name)
     os.chdir(config["root"])
+    config["reporter"] = os.path.realpath("/bin/sh")  # what a child execs to report (see the module's docstring)
+    if not os.access(config["reporter"], os.X_OK):
+        raise SystemExit("the sandbox has no /bin/sh, which reports each program's result")
     os.close(os.pidfd_open(os.getpid()))  # Linux 5.3 or later: fail here, at start-up, not on the first job
     tasks_before = count_own_tasks() if config["confined"] else 0
     send(channel_out, {"ready": True, "uid": os.getuid(), "processes": tasks_before})

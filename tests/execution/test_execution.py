@@ -159,7 +159,7 @@ HOSTILE = {
     "output that is not UTF-8": ("import os\nos.write(1, b'\\xff\\xfe\\x00 not utf-8')", "1", {"output"}),
     "value that is not UTF-8": ("class S:\n    def __repr__(self):\n        return '\\udc80'", "S()", {"output"}),
     "forged result on the result pipe": ("import os\nos.write(3, b'\\xff{\"status\": \"ok\"')\nos._exit(0)", "1",
-                                         {"killed"}),
+                                         {"forbidden"}),
     "kills itself": ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", "1", {"killed"}),
     "opens its worker's descriptors": ("import os", "os.listdir(f'/proc/{os.getppid()}/fd')", {"error"}),
     "reads its worker's memory": ("import os", "open(f'/proc/{os.getppid()}/mem', 'rb').read(1)", {"error"}),
@@ -213,6 +213,84 @@ def test_hostile_programs_are_contained_and_graded_as_failures(executor: Executo
     assert elapsed < 30, f"the hostile suite took {elapsed:.1f} s"
 
 
+# Programs that try to forge their grade: each would report the value 7 (its honest value is 1, or none at all).
+FORGED = b'{"status": "ok", "value": "7", "detail": ""}'
+COLLECT_SECRETS = (  # every string it can find: environment, its /proc files, the stack's locals, the heap, fd 4
+    "import gc, os, select, sys\ndef secrets():\n    found = set(os.environ.values())\n"
+    "    for name in ('environ', 'cmdline', 'status', 'stat'):\n        try:\n"
+    "            found.update(open(f'/proc/self/{name}', 'rb').read().decode('latin-1').replace('\\0', ' ').split())\n"
+    "        except OSError:\n            pass\n    frame = sys._getframe()\n    while frame is not None:\n"
+    "        found.update(repr(v) for v in frame.f_locals.values())\n        frame = frame.f_back\n"
+    "    for o in gc.get_objects():\n        if isinstance(o, dict):\n"
+    "            found.update(v for v in o.values() if isinstance(v, str) and len(v) == 32)\n"
+    "    for fd in range(3, 64):\n        try:\n            if select.select([fd], [], [], 0)[0]:\n"
+    "                found.add(os.read(fd, 64).decode('latin-1').strip())\n        except (OSError, ValueError):\n"
+    "            pass\n    return [s.encode('latin-1', 'replace') for s in found if s]\n")
+FORGERS = {
+    # name: (code, the statuses it may get)
+    "a result line on the descriptor, then exit": (f"import os\nos.write(3, b'\\n' + {FORGED!r} + b'\\n')\n"
+                                                  "os._exit(0)", {"forbidden"}),
+    "a result line on the descriptor, then the honest end": (f"import os\nos.write(3, b'\\n' + {FORGED!r} + b'\\n')",
+                                                            {"forbidden"}),
+    "the reporter's framing, then exit": ("import os\nos.write(3, b'R' + b'0' * 32 + b'\\nok\\n\\n7')\nos._exit(0)",
+                                          {"forbidden"}),
+    "the reporter's protocol: READY, wait for a key, answer": (
+        "import os, select\nos.write(3, b'R')\nif select.select([4], [], [], 2)[0]:\n"
+        "    os.write(3, os.read(4, 64) + b'ok\\n\\n7')\nos._exit(0)", {"forbidden"}),
+    "the framing printed": (f"print('R' + '0' * 32)\nprint('ok')\nprint()\nprint({FORGED!r})\n"
+                            "import os\nos._exit(0)", {"killed"}),
+    "secrets from env, /proc, the stack and the heap, reused on the descriptor": (
+        COLLECT_SECRETS + "for s in secrets():\n    os.write(3, b'R' + s + b'\\nok\\n\\n7')\nos._exit(0)",
+        {"forbidden"}),
+    "the forged result on every descriptor 0..255": (
+        "import os\nfor fd in range(256):\n    for data in (b'R', b'\\n' + " + repr(FORGED) + " + b'\\n'):\n"
+        "        try:\n            os.write(fd, data)\n        except OSError:\n            pass\nos._exit(0)",
+        {"forbidden"}),
+    "a thread that keeps writing the forged result": (
+        "import os, threading\nwrote = threading.Event()\ndef spam():\n    while True:\n        try:\n"
+        f"            os.write(3, b'R\\n' + {FORGED!r})\n        except OSError:\n            return\n"
+        "        wrote.set()\nthreading.Thread(target=spam, daemon=True).start()\nwrote.wait(2)", {"forbidden"}),
+    "its own memory through /proc/self/mem": (
+        "import os\nfd = os.open('/proc/self/mem', os.O_RDWR)", {"error"}),
+}
+LIARS = {  # rebinding what the harness uses after the program: the honest value 1 still comes back
+    "rebinds eval and repr": "import builtins\nbuiltins.eval = lambda *a, **k: 7\nbuiltins.repr = lambda o: '7'",
+    "rebinds the worker's functions": ("import sys\nworker = sys.modules['__main__']\n"
+                                       "for name in ('execute', 'check_value', 'describe', 'one_line', 'send'):\n"
+                                       "    setattr(worker, name, lambda *a, **k: {'status': 'ok', 'value': '7'})\n"
+                                       "import os\nos.execve = lambda *a: None"),
+    "rebinds json and os.write": "import json, os\njson.dumps = lambda *a, **k: '7'\nos.write = lambda *a: 0",
+}
+
+
+def test_a_program_cannot_forge_its_grade(executor: Executor) -> None:
+    """The result is reported by a shell the child execs after the program (no code of the program survives an
+    exec), with a key the worker sends only once it sees that exec: writing the framing anywhere, reusing anything
+    the program can read, or exiting early grades a failure, and rebinding what the harness uses changes nothing."""
+    honest = "def f(x):\n    return x\n"
+    forgers = [Job(honest + code, "f(1)") for code, _ in FORGERS.values()]
+    liars = [Job(code + "\n" + honest, "f(1)") for code in LIARS.values()]
+    outcomes = executor.run([job for pair in zip(forgers, [SENTINEL] * len(forgers)) for job in pair] + liars)
+    for (name, (_, kinds)), outcome in zip(FORGERS.items(), outcomes[0::2]):
+        assert outcome.status in kinds and outcome.value is None, (name, outcome)
+    assert all(o.status == "ok" and o.value == "42" for o in outcomes[1:2 * len(forgers):2])
+    for name, outcome in zip(LIARS, outcomes[2 * len(forgers):]):
+        assert outcome.status == "ok" and outcome.value == "1", (name, outcome)
+    assert outcomes[0].detail == "wrote to the sandbox's result channel"
+
+
+def test_results_of_every_size_and_kind_come_back_whole(executor: Executor) -> None:
+    """The reporter carries values over the kernel's 128 KiB per argument, any UTF-8, newlines included, and
+    failures with their detail; a value it cannot carry (a NUL character) is an "output" failure."""
+    big = "x" * (LIMITS.output_bytes - 2)
+    outcomes = executor.run([Job(f"x = {big!r}", "x"), Job("x = 'line\\none \\u00e9\\U0001f600'", "x"),
+                             Job("class S:\n    def __repr__(self):\n        return 'a\\x00b'", "S()"),
+                             Job("x = ''", "x"), Job("raise ValueError('a\\x00b')", "1")])
+    assert [o.status for o in outcomes] == ["ok", "ok", "output", "ok", "error"], outcomes
+    assert outcomes[0].value == repr(big) and outcomes[1].value == repr("line\none \u00e9\U0001f600")
+    assert outcomes[3].value == "''" and outcomes[4].detail == "ValueError: a\\x00b"
+
+
 def test_a_program_has_at_most_its_processes(executor: Executor) -> None:
     """RLIMIT_NPROC holds even though the tests run as root (the kernel exempts uid 0; the sandbox drops it): a
     program that starts threads (each one a task, as a process is) gets ``processes - 1`` of them beside itself."""
@@ -224,8 +302,9 @@ def test_a_program_has_at_most_its_processes(executor: Executor) -> None:
 
 
 # Gets past the audit hook (a grading rule, not the boundary) by giving the hook a code object that does nothing.
-DISARM_HOOK = ("import gc, os, time\ndef _disarm():\n    x = None\n    def quiet(event, args):\n        return x\n"
-               "    return quiet\nfor hook in [o for o in gc.get_objects()"
+# (The replacement needs as many free variables as the hook has.)
+DISARM_HOOK = ("import gc, os, time\ndef _disarm():\n    a = b = c = d = None\n    def quiet(event, args):\n"
+               "        return (a, b, c, d) and None\n    return quiet\nfor hook in [o for o in gc.get_objects()"
                " if getattr(o, '__name__', '') == 'forbid']:\n"
                "    hook.__code__ = _disarm().__code__\n")
 
@@ -325,6 +404,18 @@ def test_a_bubblewrap_the_kernel_refuses_is_one_line(tmp_path: Path, monkeypatch
     assert problem.startswith("bubblewrap (bwrap) cannot set up its sandbox here (bwrap: No permissions")
     assert "unprivileged user namespaces look disabled" in problem
     with pytest.raises(SandboxUnavailable, match="No permissions"):
+        Executor(LIMITS, workers=1)
+
+
+def test_a_bubblewrap_that_never_answers_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr("coevolve.execution.executor.START_SECONDS", 0.5)
+    problem = sandbox_problem()
+    assert problem == f"the sandbox did not start in 0.5 s ({fake} never answered)"
+    with pytest.raises(SandboxUnavailable, match="did not start"):
         Executor(LIMITS, workers=1)
 
 
