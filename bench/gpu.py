@@ -270,7 +270,7 @@ PAPER_MODELS = {
     "ttrl": "Qwen2.5-Math-1.5B / 7B", "dynamic_rl": "Qwen2.5-Math-1.5B / 7B",
     "opensir": "Llama-3.2-3B, Gemma-2-2B, Llama-3.1-8B", "r_zero": "Qwen3-4B/8B-Base, OctoThinker-3B/8B",
     "prism": "Qwen3-4B-Base", "pasodoble": "Qwen3-1.7B (also 0.6B-14B, Qwen2.5-0.5B-3B)",
-    "infuser": "Qwen3-4B/8B-Base",
+    "infuser": "Qwen3-4B/8B-Base", "azr": "Qwen2.5-7B and Qwen2.5-Coder-7B (also Coder-3B/14B, Llama-3.1-8B)",
 }
 # Where a full step would sample many batches of the same shape, fewer questions (same token budgets); the time is
 # reported as measured and scaled by the factor (full questions / questions run).
@@ -286,11 +286,16 @@ PAPER_CUTS: dict[str, tuple[dict[str, Any], dict[str, float]]] = {  # overrides,
     "r_zero": (RZERO_CUT, {"questioner": 128.0, "solver": 32.0}),
     "prism": (RZERO_CUT, {"questioner": 128.0, "solver": 32.0}),
     "pasodoble": ({}, {"step": 1.0}),  # 1 passage x 6 proposals at 6,144 tokens x 6 solutions: the whole step
-    # 128 -> 2 documents (x 8 questions at 8,192 tokens, x 8 answers), 800 -> 50 dev problems
-    "infuser": ({"params.documents_per_step": 2, "params.minibatch_prompts": 2, "params.dev_size": 50},
-                {"step": 64.0}),
+    # 128 -> 1 document (x 8 questions at 8,192 tokens, x 8 answers); 800 -> 4 dev problems (x 8 rollouts at 8,192
+    # tokens: Phase 1 alone sampled 400 rows with 50 and ran out of a device call's time), scaled by its own factor
+    "infuser": ({"params.documents_per_step": 1, "params.minibatch_prompts": 1, "params.dev_size": 4},
+                {"step": 128.0, "step/dev": 200.0}),
+    # B = 64 -> 2 proposals per task type (6 at 8,096 tokens, each estimated by 8 rollouts), 6 solver tasks
+    "azr": ({"params.batch_size": 2}, {"step": 32.0}),
 }
 PHASED = {"r_zero": ("questioner", "solver"), "prism": ("questioner", "solver")}  # one step of each phase
+# --recipes also takes one phase of a phased recipe alone (r_zero/solver: its solver step, pool built first)
+PHASE_SPECS = [f"{name}/{phase}" for name, phases in PHASED.items() for phase in phases]
 
 
 def write_documents(folder: Path, tokens: int, count: int = 64) -> Path:
@@ -356,8 +361,49 @@ def stand_in_reading(recipe) -> None:
         recipe.read_generation = read_generation
 
 
+def stand_in_programs(recipe) -> None:
+    """AZR's stand-in reading: random weights write no program, so every proposer output is read as one of four
+    bench-written tasks (``f(a) = a * k + 1`` on the input ``k``; induction: the given program on 0..N-1) and every
+    solver answer as one of four values (deduction: an output, abduction: an input, induction: a program) by its
+    characters. The buffers start with those tasks, validated by the world's executor, instead of InitSeeding (which
+    at the paper's budgets samples up to 50 batches of 8,096 tokens per buffer before step 1). Validation, the
+    checks and every phase run as in a real run; only bench-written programs and inputs are executed."""
+    from coevolve.tasks.triplets import Proposal
+
+    world, n = recipe.world, recipe.params.induction_inputs
+    programs = [f"def f(a):\n    return a * {k} + 1" for k in range(4)]
+
+    def value(text: str) -> int:
+        return sum(map(ord, text)) % 4
+
+    def read_proposal(kind, text, program=None, strip=False) -> Proposal:
+        if kind == "induction":
+            return Proposal(kind, program or programs[value(text)], tuple(str(i) for i in range(n)), "a * k + 1")
+        return Proposal(kind, programs[value(text)], (str(value(text)),))
+
+    def read_answer(kind, text) -> str:
+        k = value(text)
+        return programs[k] if kind == "induction" else str(k)
+
+    world.read_proposal, world.read_answer = read_proposal, read_answer
+    for kind in recipe.kinds:
+        proposals = [read_proposal(kind, chr(48 + k), programs[k]) for k in range(4)]
+        recipe.buffers.add(kind, [v.triplet for v in world.validate(proposals) if v.triplet], 0)
+
+
+def scaled_seconds(phases: dict[str, float], metrics: dict[str, Any], scale: dict[str, float]) -> float:
+    """A full step's estimated seconds: each phase's measured time times its cut factor, a timed part of a phase
+    with its own factor (``scale["phase/part"]``, e.g. INFUSER's dev rollouts) times that one instead."""
+    total = sum(seconds * scale[phase] for phase, seconds in phases.items())
+    for key, factor in scale.items():
+        phase, _, part = key.partition("/")
+        if part and phase in phases:
+            total += metrics.get(f"{phase}/time/{part}_s", 0.0) * (factor - scale[phase])
+    return total
+
+
 def bench_paper_preset(name: str, folder: Path, device: torch.device, sets: list[str],
-                       scale: dict[str, float]) -> dict[str, Any]:
+                       scale: dict[str, float], phases_run: tuple[str, ...]) -> dict[str, Any]:
     """One complete step of ``name``'s ``paper`` preset (a step of each phase for a phased recipe) on the model in
     ``folder``: seconds per phase, tokens sampled, peak GPU memory, the planned sampling batches and passes."""
     from coevolve.recipes import resolve
@@ -368,10 +414,10 @@ def bench_paper_preset(name: str, folder: Path, device: torch.device, sets: list
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
     recipe = cls(config, params)
-    stand_in_reading(recipe)
+    (stand_in_programs if name == "azr" else stand_in_reading)(recipe)
     setup_s = time.perf_counter() - started
     phases, metrics = {}, {}
-    for step, phase in enumerate(PHASED.get(name, ("step",)), start=1):
+    for step, phase in enumerate(phases_run, start=1):
         sync(device)
         started = time.perf_counter()
         out = recipe.step(step)
@@ -388,7 +434,7 @@ def bench_paper_preset(name: str, folder: Path, device: torch.device, sets: list
     needed = {k: v for k, v in (("train.offload_idle_role", config.train.offload_idle_role),
                                 ("train.lora", config.train.lora)) if v}
     result = {"paper_models": PAPER_MODELS[name], "sets": sets, "scale": scale, "setup_s": setup_s,
-              "step_s": phases, "scaled_step_s": sum(t * scale[phase] for phase, t in phases.items()),
+              "step_s": phases, "scaled_step_s": scaled_seconds(phases, metrics, scale),
               "peak_gpu_memory_gib": peak_gib,
               "peak_reserved_gib": reserved_gib,
               "settings_needed": needed or "none beyond the preset", "max_new_tokens": config.rollout.max_new_tokens,
@@ -399,20 +445,21 @@ def bench_paper_preset(name: str, folder: Path, device: torch.device, sets: list
 
 
 def paper_preset_fitted(name: str, folder: Path, device: torch.device, sets: list[str],
-                        scale: dict[str, float]) -> dict[str, Any]:
+                        scale: dict[str, float], phases_run: tuple[str, ...]) -> dict[str, Any]:
     """:func:`bench_paper_preset` with the preset as it is; after an out-of-memory error, again with
     ``train.offload_idle_role`` (the other role waits in host memory), recording both."""
     try:
-        return bench_paper_preset(name, folder, device, sets, scale)
+        return bench_paper_preset(name, folder, device, sets, scale, phases_run)
     except torch.OutOfMemoryError as exc:
         first = f"OutOfMemoryError: {str(exc).splitlines()[0]}"
     gc.collect()
     torch.cuda.empty_cache()
-    result = bench_paper_preset(name, folder, device, [*sets, "train.offload_idle_role=true"], scale)
+    result = bench_paper_preset(name, folder, device, [*sets, "train.offload_idle_role=true"], scale, phases_run)
     return {**result, "without_offload": first}
 
 
 def paper_preset_plan(args, device: torch.device) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+    from coevolve.execution import sandbox_problem
     from coevolve.recipes import RECIPES
 
     os.environ["COEVOLVE_CACHE"] = str(args.scratch / "cache")  # the stand-ins' cluster space is not the user's
@@ -423,21 +470,27 @@ def paper_preset_plan(args, device: torch.device) -> list[tuple[str, Callable[[]
     data_free = {"ttrl": ["params.pool_source=train"], "opensir": [f"params.encoder={encoder}"],
                  "prism": ["params.reference_corpus=arith", f"params.encoder={encoder}"],
                  "pasodoble": [f"params.knowledge_source={documents}"],
-                 "infuser": [f"params.document_source={documents}"]}
+                 "infuser": [f"params.document_source={documents}"],
+                 # the python world; without bubblewrap the executor runs unconfined (only bench-written programs)
+                 "azr": ["task=python", *(["params.unconfined_execution=true"] if sandbox_problem() else [])]}
     smoke_budgets = ["rollout.max_new_tokens=16", "params.question_max_tokens=16", "params.label_max_tokens=16",
                      "params.proposer_max_tokens=16", "params.generator_max_tokens=16", "params.k=4",
                      "params.questioner_prompts=2", "params.pool_size=16", "params.solver_questions=2",
                      "params.documents_per_step=2", "params.minibatch_prompts=2", "params.dev_size=4",
                      "params.questions_per_step=2", "params.vote_samples=4", "params.train_samples=4", "params.n=2",
-                     "params.m=2", "params.batch_size=16"]
+                     "params.m=2", "params.batch_size=16", "params.learnability_samples=2"]
     plan = []
-    for name in args.recipes:
+    for spec in args.recipes:
+        name, _, only = spec.partition("/")
         cut, scale = PAPER_CUTS[name]
         known = RECIPES[name].Params.model_fields
         sets = [*(f"{k}={v}" for k, v in cut.items()), *data_free.get(name, []), *args.set]
         if args.smoke:  # every budget at 16 tokens and every count at its smallest (the figures mean nothing)
             sets += [s for s in smoke_budgets if s.startswith("rollout.") or s.split("=")[0][7:] in known]
-        plan.append((f"paper/{name}", partial(paper_preset_fitted, name, folder, device, sets, scale)))
+        if only == "solver":  # the solver step alone: step 1 is the solver phase's first (its pool built first)
+            sets.append("params.questioner_steps=0")
+        phases_run = (only,) if only else PHASED.get(name, ("step",))
+        plan.append((f"paper/{spec}", partial(paper_preset_fitted, name, folder, device, sets, scale, phases_run)))
     return plan
 
 
@@ -479,7 +532,8 @@ def main() -> None:
                         "full token budgets (1.5B shape; --recipes to choose), instead of the measurements above")
     parser.add_argument("--memory-gib", type=float, help="use at most this much of the GPU (a per-process memory "
                         "fraction, which the memory plans respect): 79 to measure an 80 GB card on a larger one")
-    parser.add_argument("--recipes", nargs="+", default=list(PAPER_CUTS), choices=list(PAPER_CUTS))
+    parser.add_argument("--recipes", nargs="+", default=list(PAPER_CUTS), choices=[*PAPER_CUTS, *PHASE_SPECS],
+                        help="recipes, in this order; NAME/PHASE runs one phase of a phased recipe alone")
     parser.add_argument("--set", action="append", default=[], help="--paper-presets: a config override for every "
                         "recipe (e.g. train.offload_idle_role=true)")
     args = parser.parse_args()
