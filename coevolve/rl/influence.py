@@ -77,7 +77,8 @@ def accumulate_policy_gradient(trainer: PolicyTrainer, samples: Sequence[TrainSa
             if s.rollout_logprobs:
                 rollout[row, width - len(s.rollout_logprobs):] = torch.tensor(s.rollout_logprobs)
         loss, _ = policy_loss(
-            logprobs, logprobs.detach(), torch.tensor([s.advantage for s in part], dtype=torch.float32), mask,
+            logprobs, logprobs.detach(),
+            torch.tensor([s.advantage for s in part], dtype=torch.float32, device=logprobs.device), mask,
             clip_low=st.clip_low, clip_high=st.clip_high, tis_cap=st.tis_cap,
             rollout_logprobs=rollout if st.tis_cap else None, agg=st.loss_agg, norm_constant=st.norm_constant,
             **totals)
@@ -238,7 +239,7 @@ def one_step_dev_gains(trainer: PolicyTrainer, questions: Sequence[Sequence[Trai
     model, was_training = trainer.model, trainer.model.training
     model.eval()
     before = _logprob_sums(trainer, dev)
-    advantages = torch.tensor([s.advantage for s in dev], dtype=torch.float64)
+    advantages = torch.tensor([s.advantage for s in dev], dtype=torch.float64, device=before.device)
     weights = copy.deepcopy(model.state_dict())
     optimizer_state = copy.deepcopy(trainer.optimizer.state_dict())
     updates_done = trainer.updates_done
