@@ -7,6 +7,8 @@ sampler it has.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from coevolve import distributed
@@ -16,6 +18,9 @@ from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency
 from coevolve.rl.trainer import PolicyTrainer, UpdateSettings, update_settings
 from coevolve.rollout import RolloutEngine, make_engine, weights_version
+
+if TYPE_CHECKING:
+    from coevolve.execution import Executor
 
 
 def tis_cap(config: RunConfig, *, bf16_sampler: bool, constrained: bool) -> float | None:
@@ -38,7 +43,7 @@ class RoleRuntime:
         self.residency = Residency(self.device) if config.train.offload_idle_role else None  # which role is on the GPU
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
         self._episodes: dict[int, RolloutEngine] = {}  # by id of the Policy: its engine with the tool loop around it
-        self._executor = None  # the sandbox's worker pool of the tool calls, started with the first episode sampler
+        self._executor: Executor | None = None  # the sandbox pool of the tool calls, from the first episode sampler
 
     def load_policy(self, name: str) -> Policy:
         """The model ``name`` (built-in name, folder or hub id) on the run's device."""

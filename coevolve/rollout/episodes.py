@@ -114,10 +114,14 @@ def _tool_result(outcome: Outcome) -> ToolResult:
     if not outcome.ok:
         return ToolResult(f"error: {outcome.status}: {outcome.detail}", outcome.status)
     try:
-        printed, total, error = ast.literal_eval(outcome.value)
-        assert isinstance(printed, str) and isinstance(total, int) and isinstance(error, (str, type(None)))
-    except Exception:  # noqa: BLE001 - a program that tampered with its harness: its own observation says so
+        parsed = ast.literal_eval(outcome.value or "")
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        parsed = None
+    if not (isinstance(parsed, tuple) and len(parsed) == 3 and isinstance(parsed[0], str)
+            and isinstance(parsed[1], int) and isinstance(parsed[2], (str, type(None)))):
+        # a program that tampered with its harness: its own observation says so
         return ToolResult("error: killed: the tool's result could not be read", "killed")
+    printed, total, error = parsed
     printed_text = clean_text(printed).rstrip("\n")
     note = f"\n... ({total - len(printed)} more characters)" if total > len(printed) else ""
     failure = f"error: {clean_text(error)[:ERROR_CHARS]}" if error is not None else ""
@@ -236,11 +240,11 @@ class EpisodeEngine:
 
     def _run_calls(self, episodes: list[_Episode], calls: dict[int, str | None], params: SamplingParams) -> None:
         """Run the turn's tool calls in one batch and append each observation (cut to the token budget)."""
-        rows = [i for i, code in calls.items() if code is not None]
+        codes = {i: code for i, code in calls.items() if code is not None}
         ran: dict[int, ToolResult] = {}
-        if rows:
+        if codes:
             start = time.perf_counter()
-            ran = dict(zip(rows, self.run_tool([calls[i] for i in rows])))
+            ran = dict(zip(codes, self.run_tool(list(codes.values()))))
             self._count("time/tool_s", time.perf_counter() - start)
         for i in calls:
             result = ran.get(i) or ToolResult(f"error: syntax: no {CODE_OPEN} block before {TOOL_CALL_STOP}",
