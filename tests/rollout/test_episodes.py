@@ -3,8 +3,11 @@ greedy episodes from the HF plain loop and its static decoder, and hostile code 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from helpers import scripted_gpt2
 
 from coevolve.execution import Executor, sandbox_problem
 from coevolve.rollout import Completion, SamplingParams
@@ -151,35 +154,21 @@ def test_a_call_without_a_code_block_gets_an_error_observation(tokenizer):
     assert episodes.pop_metrics()["tool/errors"] == 1
 
 
-def scripted_gpt2(tokenizer, text_at: dict[int, str], width: int = 160):
-    """A GPT-2 whose greedy token after absolute position p is ``text_at[p]`` (EOS where unset): every weight zero
-    but one-hot position embeddings and an untied head that maps each position to its character."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+FIRST = "```python\nprint(6*7)\n```\n```output"
 
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=width, n_embd=width, n_layer=1, n_head=2,
-                        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    model = GPT2LMHeadModel(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-        for norm in (model.transformer.ln_f, model.transformer.h[0].ln_1, model.transformer.h[0].ln_2):
-            norm.weight.fill_(1.0)
-        model.transformer.wpe.weight.copy_(torch.eye(width))
-        for p in range(width):
-            ch = text_at.get(p)
-            model.lm_head.weight[tokenizer.eos_token_id if ch is None else tokenizer.convert_tokens_to_ids(ch), p] = 10
-    return model
+
+def tool_script() -> dict[int, str]:
+    """The greedy script of prompt "Q:?" (<s> Q : ? -> the first new token is predicted at position 3): a python
+    call, then "A:42" right after its observation."""
+    after = 3 + len(FIRST) + len(observation(ToolResult("42", "ok")))
+    return {3 + k: ch for k, ch in enumerate(FIRST)} | {after + k: ch for k, ch in enumerate("A:42")}
 
 
 def test_greedy_episodes_are_the_same_in_the_plain_loop_and_the_static_decoder(tokenizer, executor):
     """Real sandboxed calls: row 0 runs print(6*7) and reads 42; row 1 (one token later) writes ``python without
     the third backtick (an error observation); both go on after their observation."""
-    prompt = "Q:?"  # <s> Q : ? -> the first new token is predicted at position 3
-    first = "```python\nprint(6*7)\n```\n```output"
-    after = 3 + len(first) + len(observation(ToolResult("42", "ok")))
-    script = {3 + k: ch for k, ch in enumerate(first)} | {after + k: ch for k, ch in enumerate("A:42")}
-    model = scripted_gpt2(tokenizer, script)
+    prompt, first = "Q:?", FIRST
+    model = scripted_gpt2(tokenizer, tool_script())
     params = SamplingParams(temperature=0.0, max_new_tokens=120)
     runs = {}
     for name, engine in (("plain", HFRolloutEngine(model, tokenizer, batch_size=8)),
@@ -231,3 +220,26 @@ def test_hostile_code_becomes_an_error_observation(executor):
     assert "more characters" in by_name["huge"].output
     assert by_name["surrogate"].output.strip() == "?"
     assert python_tool(executor)(["print(sum(range(10)))"])[0] == ToolResult("45", "ok")  # the pool still works
+
+
+@pytest.mark.skipif(os.environ.get("COEVOLVE_VLLM") == "0", reason="setup left vLLM out (COEVOLVE_VLLM=0)")
+def test_greedy_episodes_are_the_same_in_vllm(tokenizer, executor, tmp_path):
+    """The vLLM engine (CPU build) runs the same episodes as the HF plain loop: tokens, mask and log-probs."""
+    from coevolve.models import load_policy
+    from coevolve.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
+
+    scripted_gpt2(tokenizer, tool_script()).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    policy = load_policy(str(tmp_path))
+    params = SamplingParams(temperature=0.0, max_new_tokens=120)
+    engines = [VLLMRolloutEngine(policy.model, policy.tokenizer, str(tmp_path), eos_token_ids=policy.eos_token_ids,
+                                 settings=VLLMSettings(kv_cache_gib=0.05)),
+               HFRolloutEngine(policy.model, policy.tokenizer, batch_size=8, eos_token_ids=policy.eos_token_ids)]
+    vllm, hf = (EpisodeEngine(engine, tokenizer, python_tool(executor), max_tool_calls=2).generate(
+        ["Q:?", "Q:??"], params, seed=0) for engine in engines)
+    assert vllm[0].text == FIRST + "\n42\n```\n" + "A:42" and vllm[0].tool_calls == 1
+    assert [c.token_ids for c in vllm] == [c.token_ids for c in hf]
+    assert [c.tool_mask for c in vllm] == [c.tool_mask for c in hf]
+    assert [c.finish_reason for c in vllm] == [c.finish_reason for c in hf]
+    for mine, theirs in zip(vllm, hf):
+        assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-4)
