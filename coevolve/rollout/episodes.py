@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from coevolve.distributed import all_gather_objects, shard_bounds, world_size
 from coevolve.execution import ExecutionLimits, Executor, Job, Outcome
 from coevolve.rollout.base import Completion, RolloutEngine, SamplingParams
 
@@ -244,7 +245,7 @@ class EpisodeEngine:
         ran: dict[int, ToolResult] = {}
         if codes:
             start = time.perf_counter()
-            ran = dict(zip(codes, self.run_tool(list(codes.values()))))
+            ran = dict(zip(codes, self._run_shared(list(codes.values()))))
             self._count("time/tool_s", time.perf_counter() - start)
         for i in calls:
             result = ran.get(i) or ToolResult(f"error: syntax: no {CODE_OPEN} block before {TOOL_CALL_STOP}",
@@ -266,6 +267,14 @@ class EpisodeEngine:
             e.logprobs += [0.0] * len(ids)  # a placeholder: the trainer masks tool tokens out
             e.tool_mask += [True] * len(ids)
             self._count("tool/observation_tokens", len(ids))
+
+    def _run_shared(self, codes: list[str]) -> list[ToolResult]:
+        """Run the calls; with several processes each rank runs its share and every rank gets every result, so all
+        ranks append the same observations (a program that draws random numbers would otherwise split them)."""
+        if world_size() == 1:
+            return self.run_tool(codes)
+        start, end = shard_bounds(len(codes))
+        return [result for part in all_gather_objects(self.run_tool(codes[start:end])) for result in part]
 
     def _count(self, key: str, value: float) -> None:
         self._counts[key] = self._counts.get(key, 0.0) + value
