@@ -205,10 +205,20 @@ HOSTILE = {
 }
 
 
-def test_hostile_code_becomes_an_error_observation(executor):
+def test_hostile_code_becomes_an_error_observation_and_the_episode_goes_on(tokenizer, executor):
     names = list(HOSTILE)
-    results = python_tool(executor)([HOSTILE[name][0] for name in names])
-    for name, result in zip(names, results):
+    tool, results = python_tool(executor), []
+
+    def recording(codes):
+        results.extend(tool(codes))
+        return results[-len(codes):]
+
+    calls = [f"```python\n{HOSTILE[name][0]}\n```\n```output" for name in names]
+    engine = ScriptedEngine(tokenizer, calls + ["A:1"] * len(names))
+    episodes = EpisodeEngine(engine, tokenizer, recording, max_tool_calls=1).generate(
+        names, SamplingParams(max_new_tokens=2000), seed=0)
+    assert len(results) == len(names)  # one executor batch for every row's call
+    for name, result, episode in zip(names, results, episodes):
         expected = HOSTILE[name][1]
         if expected is not None:
             assert result.status == expected, (name, result)
@@ -216,10 +226,11 @@ def test_hostile_code_becomes_an_error_observation(executor):
         result.output.encode("utf-8")  # always valid UTF-8
         if not result.ok:
             assert "error" in result.output, (name, result)
+        assert observation(result) in episode.text and episode.text.endswith("A:1") and episode.tool_calls == 1
     by_name = dict(zip(names, results))
     assert "more characters" in by_name["huge"].output
     assert by_name["surrogate"].output.strip() == "?"
-    assert python_tool(executor)(["print(sum(range(10)))"])[0] == ToolResult("45", "ok")  # the pool still works
+    assert tool(["print(sum(range(10)))"])[0] == ToolResult("45", "ok")  # the pool still works
 
 
 @pytest.mark.skipif(os.environ.get("COEVOLVE_VLLM") == "0", reason="setup left vLLM out (COEVOLVE_VLLM=0)")
