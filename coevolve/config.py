@@ -99,6 +99,12 @@ class SamplingConfig(Strict):
     keep_sampler: bool = Field(True, description="hf engine: keep the bf16 copy and the decoding buffers between "
                                "calls (false: free them after each call)")
     vllm: VLLMConfig = Field(VLLMConfig(), description="the in-process vLLM engine (rollout.engine: vllm)")
+    tools: list[Literal["python"]] = Field(
+        default_factory=list, description="tools a training rollout may call, which makes each sample an episode "
+        "(docs/tools.md): python: the model writes ```python ... ``` then ```output, the code runs in the bubblewrap "
+        "sandbox and its printed output is appended; [] (default): single-turn samples")
+    max_tool_calls: int = Field(4, ge=0, description="tool calls per episode (Agent0's max_turns 4); the episode "
+                                "ends when the model asks for one more; only with rollout.tools")
     scoring: SamplingOverride = Field(SamplingOverride(), description="samples that score or label questions instead "
                                       "of training (r_zero / prism: the solver's votes for p(q) and for the pool's "
                                       "labels); unset fields: the training rollouts' values above")
@@ -398,6 +404,13 @@ def check_runtime(config: RunConfig, processes: int = 1, fsdp_unsupported: str |
     if config.rollout.engine == "vllm" and processes % tensor_parallel:
         raise ConfigError(f"config key 'rollout.vllm.tensor_parallel_size': an engine over {tensor_parallel} ranks "
                           f"needs a multiple of {tensor_parallel} processes, not {processes} (--processes, torchrun)")
+    if config.rollout.tools:
+        from coevolve.execution import sandbox_problem
+
+        problem = sandbox_problem()
+        if problem is not None:
+            raise ConfigError(f"config key 'rollout.tools': tool calls run in the bubblewrap sandbox, which cannot "
+                              f"run here: {problem}")
     if config.train.fsdp:
         if processes < 2:
             raise ConfigError("config key 'train.fsdp': sharding needs several processes (--processes N, torchrun "

@@ -7,6 +7,8 @@ sampler it has.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from coevolve import distributed
@@ -16,6 +18,9 @@ from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency
 from coevolve.rl.trainer import PolicyTrainer, UpdateSettings, update_settings
 from coevolve.rollout import RolloutEngine, make_engine, weights_version
+
+if TYPE_CHECKING:
+    from coevolve.execution import Executor
 
 
 def tis_cap(config: RunConfig, *, bf16_sampler: bool, constrained: bool) -> float | None:
@@ -37,6 +42,8 @@ class RoleRuntime:
         self.device = distributed.device_for(config.device)
         self.residency = Residency(self.device) if config.train.offload_idle_role else None  # which role is on the GPU
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
+        self._episodes: dict[int, RolloutEngine] = {}  # by id of the Policy: its engine with the tool loop around it
+        self._executor: Executor | None = None  # the sandbox pool of the tool calls, from the first episode sampler
 
     def load_policy(self, name: str) -> Policy:
         """The model ``name`` (built-in name, folder or hub id) on the run's device."""
@@ -88,12 +95,32 @@ class RoleRuntime:
             self._engines[key] = engine
         return self._engines[key]
 
+    def episode_engine(self, policy: Policy, trainer: PolicyTrainer | None) -> RolloutEngine:
+        """The episode sampler of ``policy`` (``rollout.tools``): :meth:`engine` with the tool loop of
+        :mod:`coevolve.rollout.episodes` around it, its calls run in one sandboxed worker pool for the run."""
+        from coevolve.execution import Executor
+        from coevolve.rollout.episodes import TOOL_LIMITS, EpisodeEngine, python_tool
+
+
+        key = id(policy)
+        if key not in self._episodes:
+            if self._executor is None:
+                self._executor = Executor(TOOL_LIMITS)
+            self._episodes[key] = EpisodeEngine(self.engine(policy, trainer), policy.tokenizer,
+                                                python_tool(self._executor), self.config.rollout.max_tool_calls)
+        return self._episodes[key]
+
     def engine_metrics(self) -> dict[str, float]:
-        """What the samplers cost since the last call, summed over engines (``time/weight_sync_s``)."""
+        """What the samplers cost since the last call, summed over engines (``time/weight_sync_s``), and the tool
+        telemetry of episodes (:func:`coevolve.rollout.episodes.tool_rates`)."""
         totals: dict[str, float] = {}
-        for engine in self._engines.values():
+        for engine in [*self._engines.values(), *self._episodes.values()]:
             for key, value in engine.pop_metrics().items():
                 totals[key] = totals.get(key, 0.0) + value
+        if self._episodes:
+            from coevolve.rollout.episodes import tool_rates
+
+            totals.update(tool_rates(totals))
         return totals
 
     def _micro_batch_tokens(self, policy: Policy, on_cuda: bool) -> int | None:

@@ -36,3 +36,24 @@ def random_samples(prompts: Sequence[list[int]], lengths: Sequence[int], *, toke
         logprobs = [] if rollout_logprob is None else [rollout_logprob] * n
         out.append(TrainSample(list(prompts[k % len(prompts)]), completion, logprobs, advantages[k % len(advantages)]))
     return out
+
+
+def scripted_gpt2(tokenizer, text_at: dict[int, str], width: int = 160):
+    """A GPT-2 whose greedy token after absolute position p is ``text_at[p]`` (EOS where unset): every weight zero
+    but one-hot position embeddings and an untied head that maps each position to its character."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=width, n_embd=width, n_layer=1, n_head=2,
+                        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for norm in (model.transformer.ln_f, model.transformer.h[0].ln_1, model.transformer.h[0].ln_2):
+            norm.weight.fill_(1.0)
+        model.transformer.wpe.weight.copy_(torch.eye(width))
+        for p in range(width):
+            ch = text_at.get(p)
+            model.lm_head.weight[tokenizer.eos_token_id if ch is None else tokenizer.convert_tokens_to_ids(ch), p] = 10
+    return model

@@ -232,25 +232,45 @@ class Recipe:
                       params: SamplingParams | None = None) -> list[list[Completion]]:
         """``group_size`` completions for each prompt, returned as one list per prompt (``params`` unset: the
         solver's rollout sampling, ``rollout.*`` and, with ``params.solver_format_constraint``, the answer format)."""
-        flat = self.engine(policy).generate([p for p in prompts for _ in range(group_size)],
-                                            params or self.solver_sampling, seed)
-        return [flat[i * group_size:(i + 1) * group_size] for i in range(len(prompts))]
+        return _groups(self.engine(policy), prompts, group_size, seed, params or self.solver_sampling)
+
+    def episode_groups(self, policy: Policy, prompts: Sequence[str], group_size: int, seed: int,
+                       params: SamplingParams | None = None) -> list[list[Completion]]:
+        """:meth:`sample_groups` as tool-using episodes (``rollout.tools``, :mod:`coevolve.rollout.episodes`)."""
+        engine = self._runtime.episode_engine(policy, self._trainers.get(id(policy)))
+        return _groups(engine, prompts, group_size, seed, params or self.solver_sampling)
 
     def solve_groups(self, policy: Policy, prompts: Sequence[str], n: int, seed: int,
                      params: SamplingParams | None = None) -> list[tuple[list[Completion], list[str | None]]]:
-        """``n`` solver rollouts per prompt (:meth:`sample_groups`, ``params`` unset: the solver's training sampling)
+        """``n`` solver rollouts per prompt (:meth:`sample_groups`, ``params`` unset: the solver's training sampling;
+        tool-using episodes with ``rollout.tools``)
         with the answer each gives, parsed by the run's task (``self.task``) in ``policy``'s prompt style: one
         (completions, answers) pair per prompt."""
         task = self.task
         if task is None:
             raise ValueError(f"{self.name}: the {self.config.task} world has no registry task to parse answers")
-        groups = self.sample_groups(policy, prompts, n, seed, params)
+        sample = self.episode_groups if self.config.rollout.tools else self.sample_groups
+        groups = sample(policy, prompts, n, seed, params)
         return [(group, [task.parse_answer(c.text, policy.prompt_style) for c in group]) for group in groups]
+
+
+def _groups(engine: RolloutEngine, prompts: Sequence[str], group_size: int, seed: int,
+            params: SamplingParams) -> list[list[Completion]]:
+    flat = engine.generate([p for p in prompts for _ in range(group_size)], params, seed)
+    return [flat[i * group_size:(i + 1) * group_size] for i in range(len(prompts))]
+
+
+def tool_use(config: RunConfig, completions: Sequence[Completion], correct: Sequence[bool]) -> dict[str, float]:
+    """With ``rollout.tools``: the share of correct answers whose episode ran a tool call (``tool/correct_used_tool``,
+    NaN without correct answers); nothing without tools."""
+    if not config.rollout.tools:
+        return {}
+    return {"tool/correct_used_tool": mean([float(c.tool_calls > 0) for c, ok in zip(completions, correct) if ok])}
 
 
 def train_samples(completions: Sequence[Completion], advantages: Sequence[float]) -> list[TrainSample]:
     """Pair each completion with its advantage for the policy update."""
-    return [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float(a))
+    return [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float(a), c.tool_mask)
             for c, a in zip(completions, advantages)]
 
 

@@ -28,6 +28,7 @@ from coevolve.recipes.base import (
     register,
     role_metrics,
     step_seed,
+    tool_use,
     train_samples,
 )
 from coevolve.records import solver_row
@@ -101,6 +102,7 @@ class GRPO(Recipe):
             metrics={"solver/reward_mean": mean(rewards), "reward/correct": mean(rewards),
                      "solver/advantage_abs_mean": mean([abs(float(a)) for a, k in zip(advantages, keep) if k]),
                      "tokens/solver": sum(len(c.token_ids) for c in completions),
+                     **tool_use(self.config, completions, [r > 0 for r in rewards]),
                      **role_metrics("solver", stats), **timer},
             samples=records,
         )

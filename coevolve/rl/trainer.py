@@ -36,6 +36,17 @@ class TrainSample:
     completion_ids: list[int]
     rollout_logprobs: list[float]
     advantage: float
+    tool_mask: Sequence[bool] = ()  # True at tokens a tool wrote (context only: out of the loss); empty: none
+
+    def __post_init__(self) -> None:
+        if self.tool_mask and len(self.tool_mask) != len(self.completion_ids):
+            raise ValueError(f"tool_mask has {len(self.tool_mask)} entries for {len(self.completion_ids)} "
+                             "completion tokens")
+
+    @property
+    def model_tokens(self) -> int:
+        """The completion tokens the model wrote (those the loss sees)."""
+        return len(self.completion_ids) - sum(self.tool_mask)
 
 
 @dataclass
@@ -130,7 +141,10 @@ def completion_logprobs(model, samples: Sequence[TrainSample], pad_id: int, temp
     else:
         logprobs, entropies = padded_logprobs(model, samples, pad_id, width, temperature, entropy)
     lengths = torch.tensor([len(s.completion_ids) for s in samples])
-    mask, = _to_device(device, (torch.arange(width) >= width - lengths[:, None]).to(logprobs.dtype))
+    written = torch.arange(width) >= width - lengths[:, None]
+    if any(s.tool_mask for s in samples):  # episodes: tool observations are context, not actions
+        written &= ~_right_aligned([[float(t) for t in s.tool_mask] for s in samples], width).bool()
+    mask, = _to_device(device, written.to(logprobs.dtype))
     return logprobs, mask, entropies
 
 
@@ -473,7 +487,7 @@ class PolicyTrainer:
         st = self.settings
         self.optimizer.zero_grad(set_to_none=True)
         batch = [samples[i] for i in indices]
-        total_tokens = sum(len(s.completion_ids) for s in batch)
+        total_tokens = sum(s.model_tokens for s in batch)
         agg_totals = {"total_tokens": total_tokens, "total_sequences": len(batch)}
         stats_sum: dict[str, float] = {}
         stats_max: dict[str, float] = {}

@@ -37,6 +37,11 @@ class Completion:
     ``logprobs[t]`` is the log-probability the sampler gave ``token_ids[t]`` under the
     temperature-scaled distribution (before top-p / top-k truncation), the quantity the
     trainer recomputes as pi_old for the PPO ratio.
+
+    An episode (``rollout.tools``, :mod:`coevolve.rollout.episodes`) interleaves the model's tokens with tool
+    observations: ``tool_mask[t]`` is True where ``token_ids[t]`` came from a tool (its log-prob is a placeholder
+    0.0 the trainer never reads); an empty ``tool_mask`` means the model wrote every token. ``tool_calls``: the tool
+    calls the episode ran.
     """
 
     prompt: str
@@ -44,7 +49,9 @@ class Completion:
     token_ids: list[int]
     text: str
     logprobs: list[float] = field(default_factory=list)
-    finish_reason: str = "length"  # "eos" | "stop" | "length"
+    finish_reason: str = "length"  # "eos" | "stop" | "length" | "tool_limit" (an episode asked for one call too many)
+    tool_mask: list[bool] = field(default_factory=list)
+    tool_calls: int = 0
 
 
 class RolloutEngine(Protocol):

@@ -40,3 +40,44 @@ def test_reward_is_one_for_the_ground_truth_answer_only(random_model_dir):
                                                                                           -0.866025, -0.866025],
                                                                abs=1e-5)
     assert out.metrics["solver/reward_mean"] == pytest.approx(6 / 12) and out.metrics["solver/optimizer_steps"] == 1
+
+
+def test_rollout_tools_turn_the_solvers_samples_into_episodes(random_model_dir):
+    """Config alone: grpo's solver samples episodes (the engine here writes a python call of the question, then
+    the answer it read); the sandbox runs the calls, the update sees the tool mask, the step reports tool use."""
+    from coevolve.execution import sandbox_problem
+
+    if sandbox_problem() is not None:
+        pytest.skip(sandbox_problem())
+    config, params, cls = resolve("grpo", sets=[f"model={random_model_dir}", "eval_sets=[]", "params.levels=[2]",
+                                                "params.questions_per_step=2", "params.group_size=2",
+                                                "rollout.tools=[python]", "rollout.max_tool_calls=1",
+                                                "rollout.max_new_tokens=200"])
+    recipe = cls(config, params)
+    tokenizer = recipe.policy.tokenizer
+
+    class CallThenAnswer:
+        """Turn 1: print the question's expression; turn 2: answer with the number the observation holds."""
+
+        def generate(self, prompts, sampling, seed):
+            out = []
+            for prompt in prompts:
+                question, _, episode = prompt.partition("=?\n")
+                text = (f"```python\nprint({question.removeprefix('Q:')})\n```\n```output" if not episode
+                        else f"A:{episode.split('```output')[1].split()[0]}")
+                reason = "stop" if text.endswith("```output") else "eos"
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                out.append(Completion(prompt, encode_prompt(tokenizer, prompt), ids, text, [-1.0] * len(ids), reason))
+            return out
+
+        def pop_metrics(self):
+            return {}
+
+    recipe._runtime.engine = lambda policy, trainer: CallThenAnswer()
+    out = recipe.step(1)
+    rows = records(out)
+    assert [r["reward"] for r in rows] == [1, 1, 1, 1]  # every answer read from the sandbox's output
+    assert out.metrics["tool/correct_used_tool"] == 1.0 and out.metrics["solver/optimizer_steps"] == 1
+    telemetry = recipe.engine_metrics()
+    assert telemetry["tool/calls"] == 4 and telemetry["tool/calls_per_episode"] == 1.0
+    assert telemetry["tool/error_rate"] == 0.0 and telemetry["tool/observation_tokens_per_episode"] > 0
