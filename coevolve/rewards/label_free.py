@@ -24,12 +24,16 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from coevolve.grading.guard import parses_model_text
+
 THINK_END = "</think>"
 
 
+@parses_model_text(invalid="")
 def after_think(text: str) -> str:
     """EVOL-RL's text for the embedding: what follows the first ``</think>`` (stripped), else the whole response
-    (``semantic_novelty.py`` ``_extract_after_think`` line 548, called at line 640)."""
+    (``semantic_novelty.py`` ``_extract_after_think`` line 548, called at line 640). Model text: an over-long or
+    non-string text gives "" (counted in ``bounds/text_too_long``)."""
     _, sep, tail = text.partition(THINK_END)
     return tail.strip() if sep else text
 
