@@ -39,6 +39,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -46,7 +47,7 @@ from pydantic import Field, model_validator
 
 from coevolve.config import RunConfig
 from coevolve.data.benchmarks import load_benchmark
-from coevolve.embeddings import embed
+from coevolve.embeddings import EncoderUnavailable, default_encoder_path, embed
 from coevolve.grading.equivalence import normalize_answer
 from coevolve.grading.vote import VoteResult
 from coevolve.recipes.base import (
@@ -212,6 +213,13 @@ class TTRL(Recipe):
         if not build_pool(config, params, get_task(config.task, data_dir=config.data_dir)):
             raise TaskDataError(f"the question pool D is empty: params.pool_source {params.pool_source!r} holds no "
                                 f"questions")
+        if params.label_free_reward == "evol_rl":  # the novelty's encoder, before any model loads
+            try:
+                folder = default_encoder_path() if params.encoder is None else Path(params.encoder)
+            except EncoderUnavailable as exc:
+                raise TaskDataError(str(exc)) from None
+            if not folder.is_dir():
+                raise TaskDataError(f"params.encoder: folder not found: {folder}")
 
     @classmethod
     def data_sets(cls, config, params: TTRLParams):

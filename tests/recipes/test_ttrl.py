@@ -25,6 +25,7 @@ from coevolve.rewards.majority import agreement_rewards, seeded_vote, vote_margi
 from coevolve.rollout import Completion
 from coevolve.rollout.hf import encode_prompt
 from coevolve.tasks import arith
+from coevolve.tasks.registry import TaskDataError
 
 
 # --- the vote and the reward ----------------------------------------------------------------------
@@ -308,3 +309,14 @@ def test_restrain_prompt_weights_survive_a_resume_and_are_never_recomputed(rando
         lost.step(2)
     with pytest.raises(TypeError):
         lost.load_state_dict({**state, "prompt_weights": {"pool0": "high"}})
+
+
+def test_a_missing_novelty_encoder_is_one_error_before_any_model_loads(random_model_dir, tmp_path):
+    config, params, cls = resolve("ttrl", preset="small", sets=[f"model={random_model_dir}",
+                                                                "params.label_free_reward=evol_rl",
+                                                                f"params.encoder={tmp_path / 'none'}"])
+    with pytest.raises(TaskDataError, match="params.encoder: folder not found"):
+        cls.check_inputs(config, params)
+    with pytest.raises(ValueError, match="needs label_source majority"):
+        resolve("ttrl", sets=[f"model={random_model_dir}", "params.label_free_reward=restrain",
+                              "params.label_source=ground_truth"])
