@@ -24,6 +24,7 @@ from coevolve.recipes.pasodoble import parse_proposal
 from coevolve.recipes.r_zero import has_think_format, parse_questioner_output
 from coevolve.rewards.filters import filter_reasons, is_multi_part
 from coevolve.rewards.format import _has_final_phrase, parse_teacher_output, student_format_score
+from coevolve.rewards.label_free import after_think
 from coevolve.rollout import Completion
 from coevolve.store import RunStore
 from coevolve.tasks import arith, math, mcq, program
@@ -54,6 +55,7 @@ PARSERS = {
     "azr python proposal": (lambda t: PYTHON.read_proposal("deduction", t), "format",
                             "```python\ndef f(a):\n    return a\n```\n```input\n3\n```"),
     "azr python answer": (lambda t: PYTHON.read_answer("deduction", t), None, "```output\n3\n```"),
+    "ttrl evol_rl embedded text": (after_think, "", "<think>2+3</think>\\boxed{5}"),
 }
 
 N = 60_000  # characters of each slow-regex probe (under MAX_TEXT_CHARS): the regexes replaced took 3 s to minutes

@@ -4,6 +4,7 @@ the uninterrupted run trained (the vote history included)."""
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 
@@ -24,6 +25,7 @@ from coevolve.rewards.majority import agreement_rewards, seeded_vote, vote_margi
 from coevolve.rollout import Completion
 from coevolve.rollout.hf import encode_prompt
 from coevolve.tasks import arith
+from coevolve.tasks.registry import TaskDataError
 
 
 # --- the vote and the reward ----------------------------------------------------------------------
@@ -244,3 +246,77 @@ def test_a_vote_history_of_the_wrong_type_is_refused_as_damage(random_model_dir)
             recipe.load_state_dict(bad)
     recipe.load_state_dict({"last_label": {"pool0": "5", "pool1": None}})
     assert recipe.last_label == {"pool0": "5", "pool1": None}
+
+
+# --- label-free rewards that do not collapse: EVOL-RL and RESTRAIN --------------------------------
+def test_evol_rl_rewards_all_votes_by_majority_and_novelty(random_model_dir):
+    recipe = _recipe(random_model_dir, "params.label_free_reward=evol_rl")
+    recipe.sample_groups = _canned(recipe.policy.tokenizer, _texts)
+    recipe.batch = lambda step: [0, 1, 2]
+    out = recipe.step(1)
+    rows = records(out)
+    for row in rows:
+        terms = row["reward_terms"]
+        if row["answer"] is None:  # unparseable: -1, no novelty
+            assert terms["valid"] == 0.0 and terms["evol_rl"] == -1.0 and terms["novelty"] is None
+        elif terms["agree"]:
+            assert 0.5 <= terms["evol_rl"] <= 1.0
+        else:
+            assert -1.0 <= terms["evol_rl"] <= -0.5
+        if row["trained"]:
+            assert row["reward"] == terms["evol_rl"]
+    assert 0.0 <= out.metrics["evol_rl/novelty_mean"] <= 1.0
+    assert out.metrics["evol_rl/valid_rate"] == pytest.approx(12 / 18)
+
+
+def test_restrain_weights_prompts_once_and_penalises_low_consistency(random_model_dir):
+    recipe = _recipe(random_model_dir, "params.label_free_reward=restrain")
+    recipe.sample_groups = _canned(recipe.policy.tokenizer, _texts)
+    recipe.batch = lambda step: [0, 1, 2]
+    out = recipe.step(1)
+    # the base model's vote: supports 3, 2, 2 of N = 6; g(f) = exp(-(f - 1)^2 / (2 * 0.5^2))
+    u = [math.exp(-0.5), math.exp(-8 / 9), math.exp(-8 / 9)]
+    assert [recipe.prompt_weights[f"pool{i}"] for i in range(3)] == pytest.approx(u)
+    rows = records(out)
+    # questions 1 and 2 (M(x) = 2 < kappa = 3): zero reward, every advantage u_x * (-delta)
+    for q in (1, 2):
+        trained = [r for r in rows[6 * q:6 * q + 6] if r["trained"]]
+        assert [r["advantage"] for r in trained] == pytest.approx([-0.5 * u[q]] * 4)
+        assert all(r["reward"] == 0.0 and r["reward_terms"]["penalised"] == 1.0 for r in trained)
+    q0 = [r for r in rows[:6] if r["trained"]]
+    assert q0[0]["reward_terms"]["penalised"] == 0.0 and sum(r["advantage"] for r in q0) != 0.0
+    assert out.metrics["restrain/penalised_rate"] == pytest.approx(2 / 3)
+    assert out.metrics["restrain/prompt_weight_mean"] == pytest.approx(sum(u) / 3)
+
+
+def test_restrain_prompt_weights_survive_a_resume_and_are_never_recomputed(random_model_dir):
+    recipe = _recipe(random_model_dir, "params.label_free_reward=restrain")
+    recipe.sample_groups = _canned(recipe.policy.tokenizer, _texts)
+    recipe.batch = lambda step: [0, 1, 2]
+    recipe.step(1)
+    state = json.loads(json.dumps(recipe.state_dict()))  # as the checkpoint writes and reads it
+    resumed = _recipe(random_model_dir, "params.label_free_reward=restrain")
+    resumed.load_state_dict(state)
+    assert resumed.prompt_weights == recipe.prompt_weights
+    resumed.reference_prompt_weights = lambda: pytest.fail("prompt weights recomputed after a resume")
+    resumed.sample_groups = _canned(resumed.policy.tokenizer, _texts)
+    resumed.batch = lambda step: [0, 1, 2]
+    resumed.step(2)
+    assert resumed.prompt_weights == recipe.prompt_weights
+    lost = _recipe(random_model_dir, "params.label_free_reward=restrain")
+    lost.load_state_dict({"last_label": state["last_label"]})
+    with pytest.raises(ValueError, match="prompt weights of the frozen base model are missing"):
+        lost.step(2)
+    with pytest.raises(TypeError):
+        lost.load_state_dict({**state, "prompt_weights": {"pool0": "high"}})
+
+
+def test_a_missing_novelty_encoder_is_one_error_before_any_model_loads(random_model_dir, tmp_path):
+    config, params, cls = resolve("ttrl", preset="small", sets=[f"model={random_model_dir}",
+                                                                "params.label_free_reward=evol_rl",
+                                                                f"params.encoder={tmp_path / 'none'}"])
+    with pytest.raises(TaskDataError, match="params.encoder: folder not found"):
+        cls.check_inputs(config, params)
+    with pytest.raises(ValueError, match="needs label_source majority"):
+        resolve("ttrl", sets=[f"model={random_model_dir}", "params.label_free_reward=restrain",
+                              "params.label_source=ground_truth"])
