@@ -86,6 +86,8 @@ class _Run:
             loaded = self.store.load_latest_checkpoint(self.saved_models, self.optimizers, self.restore)
             if loaded:
                 start, self.elapsed_before = loaded[0] + 1, loaded[1]["time_s"]
+                for trainer in self.trainers.values():  # the samplers reload the checkpoint's weights
+                    trainer.publish_weights()
             distributed.barrier()  # every rank has read the checkpoint before rank 0 trims what follows it
             if self.main:
                 self.store.truncate_after(start - 1 if loaded else -1)

@@ -15,7 +15,7 @@ from coevolve.models import Policy, load_policy
 from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency
 from coevolve.rl.trainer import PolicyTrainer, UpdateSettings, update_settings
-from coevolve.rollout import RolloutEngine, make_engine, weights_version
+from coevolve.rollout import RolloutEngine, make_engine
 
 
 def tis_cap(config: RunConfig, *, bf16_sampler: bool, constrained: bool) -> float | None:
@@ -71,12 +71,13 @@ class RoleRuntime:
         """The sampler of ``policy`` (``rollout.engine``), one per policy for the whole run; ``trainer``: the one that
         updates it, if any.
 
-        An engine with its own weights (vLLM) reloads them before sampling whenever the trainer has updated or the
-        policy's parameters were written (``load_state_dict``) since the last load.
+        An engine with its own weights (vLLM, a bf16 copy) reloads them before sampling whenever the trainer has
+        published a new weights version (:meth:`PolicyTrainer.publish_weights`) since the last load; a policy no
+        trainer changes keeps the weights it was loaded with.
         """
         key = id(policy)
         if key not in self._engines:
-            version = None if trainer is None else (lambda: (trainer.updates_done, weights_version(policy.model)))
+            version = None if trainer is None else (lambda: trainer.weights_version)
             turns = self.residency if trainer is not None else None  # roles take turns on the GPU
             make_resident = trainer.make_resident if trainer is not None and turns is not None else None
             engine = make_engine(policy, self.config.rollout, version=version, seed=self.config.seed,

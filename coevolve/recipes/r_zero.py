@@ -336,7 +336,7 @@ class RZero(GeneratorRecipe):
     def init_questioner(self) -> None:
         """Q_t <- S_{t-1} with a fresh optimizer under SolverInit; Q_t <- Q_{t-1} (nothing to do) otherwise."""
         if self.params.questioner_init == "solver" and not self.config.frozen_generator:
-            self.questioner.model.load_state_dict(self.solver_policy.model.state_dict())
+            self.questioner_trainer.load_weights(self.solver_policy.model.state_dict())
             self.questioner_trainer.optimizer.state.clear()
 
     def questioner_rewards(self, questions: list[Question]) -> dict[str, float]:
