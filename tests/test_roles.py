@@ -58,7 +58,7 @@ def test_a_phase_reinitialisation_reaches_the_sampler(random_model_dir):
     sample(recipe, questioner)
     with torch.no_grad():
         next(recipe.solver_policy.model.parameters()).add_(1.0)
-    recipe.init_questioner()
+    recipe.start_phase(recipe.schedule.at(3))  # iteration 2's questioner phase starts
     sample(recipe, questioner)
     assert sampled_is_live(recipe.engine(questioner), questioner.model)
     assert torch.equal(next(questioner.model.parameters()), next(recipe.solver_policy.model.parameters()))

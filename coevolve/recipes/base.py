@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coevolve.config import ConfigError, RoleSettings, RunConfig
 from coevolve.models import Policy
+from coevolve.phases import PhasePosition, Schedule, start_step
 from coevolve.records import SampleRow
 from coevolve.rl.trainer import PolicyTrainer, TrainSample
 from coevolve.roles import RoleRuntime
@@ -79,7 +80,7 @@ class Recipe:
     defaults: ClassVar[dict[str, Any]] = {}
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     fsdp_unsupported: ClassVar[str | None] = None  # why ``train.fsdp`` cannot shard this recipe, if it cannot
-    phased: ClassVar[bool] = False  # its roles train in phases (PolicyTrainer.phase_step): lr schedules, resets
+    phased: ClassVar[bool] = False  # its roles train in phases (``schedule``): lr schedules, resets
     scores_questions: ClassVar[bool] = False  # its solver votes to score or label questions (``rollout.scoring``)
 
     def __init__(self, config: RunConfig, params: RecipeParams):
@@ -92,6 +93,7 @@ class Recipe:
         self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
         self._role_policies: dict[str, Policy] = {}  # by role, as make_trainer recorded them
         self._runtime = RoleRuntime(config)  # devices, ranks and samplers
+        self.schedule: Schedule | None = None  # a phased recipe's phases (coevolve.phases), set once its trainers are
 
     # --- what the loop needs ----------------------------------------------------------------------
     def trainers(self) -> dict[str, PolicyTrainer]:
@@ -109,6 +111,23 @@ class Recipe:
 
     def step(self, step: int) -> StepOutput:
         raise NotImplementedError
+
+    def enter_phase(self, step: int) -> PhasePosition:
+        """A phased recipe's first call in ``step``: the step's position in :attr:`schedule`, after what comes
+        before it (:func:`coevolve.phases.start_step`: a phase start's re-initialisation and resets, the lr)."""
+        if self.schedule is None:
+            raise ValueError(f"{self.name}: a recipe with phases sets self.schedule in __init__")
+        position = self.schedule.at(step)
+        self.start_phase(position)
+        return position
+
+    def start_phase(self, position: PhasePosition) -> None:
+        """What comes before the step at ``position`` (:func:`coevolve.phases.start_step`)."""
+        start_step(position, self.trainers(), self.reset_state)
+
+    def reset_state(self, name: str) -> None:
+        """Reset the recipe state ``name`` that a :class:`~coevolve.phases.Phase` resets at its start."""
+        raise ValueError(f"{self.name} has no state {name!r} to reset at a phase start")
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able recipe state beyond weights and optimizers (pools, counts); saved with checkpoints."""

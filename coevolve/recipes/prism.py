@@ -117,12 +117,14 @@ class Prism(RZero):
             q.cluster = int(c)
         return ids
 
-    def init_questioner(self) -> None:
-        """Lines 4-6 at the start of iteration t > 1: Q_t's weights (:meth:`RZero.init_questioner`), and n <- alpha
-        with ``count_reset: iteration``."""
-        super().init_questioner()
-        if self.params.count_reset == "iteration":
-            self.coverage = CoverageCounts(self.space.k, self.params.gamma, self.params.alpha)
+    def questioner_resets(self) -> tuple[str, ...]:
+        """Lines 5-6 with ``count_reset: iteration``: n <- alpha at the questioner phase's start."""
+        return ("coverage",) if self.params.count_reset == "iteration" else ()
+
+    def reset_state(self, name: str) -> None:
+        if name != "coverage":
+            super().reset_state(name)
+        self.coverage = CoverageCounts(self.space.k, self.params.gamma, self.params.alpha)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "coverage": self.coverage.state_dict()}
