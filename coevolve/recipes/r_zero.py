@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -53,15 +54,13 @@ from coevolve.recipes.base import (
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
 from coevolve.records import SampleRow, generator_row, solver_row
-from coevolve.rewards.uncertainty import (
-    BleuTokens,
-    RZeroForm,
-    in_band,
-    pool_filter_reasons,
-    repetition_penalty,
-    rzero_reward,
-    uncertainty_reward,
+from coevolve.rewards.questioner import (
+    QuestionReward,
+    ScoredQuestion,
+    repetition_penalties,
+    rzero_rewards,
 )
+from coevolve.rewards.uncertainty import BleuTokens, RZeroForm, in_band, pool_filter_reasons
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
 from coevolve.rollout import Completion, SamplingParams
 
@@ -210,6 +209,17 @@ class Question:
         return self.vote.label if self.vote else None
 
 
+def scored_questions(questions: Sequence[Question]) -> list[ScoredQuestion]:
+    """What the reward stages read of each question: its text and p."""
+    return [ScoredQuestion(q.text, q.p) for q in questions]
+
+
+def give_rewards(questions: Sequence[Question], rewards: Sequence[QuestionReward]) -> None:
+    """Each question's reward and terms from the reward stages' output."""
+    for q, r in zip(questions, rewards, strict=True):
+        q.reward, q.terms = r.reward, dict(r.terms)
+
+
 @dataclass
 class PoolItem:
     """A labelled question of the solver's pool."""
@@ -335,14 +345,12 @@ class RZero(GeneratorRecipe):
             samples=self.question_records(step, t, "question", questions))
 
     def questioner_rewards(self, questions: list[Question]) -> dict[str, float]:
-        """R-Zero's reward: uncertainty minus the BLEU-cluster repetition penalty over the whole batch."""
-        p = self.params
-        penalties = repetition_penalty([q.text or "" for q in questions], p.repetition_threshold, self.bleu_tokens,
-                                       p.repetition_weight)
-        for q, pen in zip(questions, penalties):
-            q.terms = {"uncertainty": uncertainty_reward(q.p) if q.p is not None else 0.0, "repetition": float(pen)}
-            q.reward = rzero_reward(q.p, float(pen), p.reward_form)
-        return {"rzero/repetition_mean": mean([float(x) for x in penalties])}
+        """R-Zero's reward (:mod:`coevolve.rewards.questioner`): uncertainty minus the BLEU-cluster repetition penalty
+        over the whole batch, written on each question; returns its metrics."""
+        p, scored = self.params, scored_questions(questions)
+        penalties = repetition_penalties(scored, p.repetition_threshold, self.bleu_tokens, p.repetition_weight)
+        give_rewards(questions, rzero_rewards(scored, penalties, p.reward_form))
+        return {"rzero/repetition_mean": mean(penalties)}
 
     # --- solver phase -----------------------------------------------------------------------------
     def solver_step(self, step: int, t: int, index: int) -> StepOutput:
