@@ -47,6 +47,19 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@app.callback()
+def _registry(ctx: typer.Context) -> None:
+    """Every command that names a recipe first loads the registry: the built-in recipes and those of installed
+    packages (a name taken twice or an entry point that does not load is one error line, exit 2)."""
+    if ctx.invoked_subcommand in ("recipes", "run", "sft", "eval", "export"):
+        from coevolve.config import ConfigError
+
+        try:
+            import coevolve.recipes  # noqa: F401
+        except ConfigError as exc:
+            _fail(str(exc), 2)
+
+
 @app.command()
 def recipes() -> None:
     """List the recipes, one line each."""

@@ -48,6 +48,12 @@ class StepOutput:
 
 
 def register(cls: type[Recipe]) -> type[Recipe]:
+    """Add a recipe class to ``RECIPES`` under its ``name``: ``@register`` on a built-in, or the ``coevolve.recipes``
+    entry point of a user's package (:mod:`coevolve.recipes`). A name taken by another class is one ConfigError."""
+    taken = RECIPES.get(cls.name)
+    if taken is not None and taken is not cls:
+        raise ConfigError(f"recipe name {cls.name!r} is taken twice: by {taken.__module__}.{taken.__qualname__} and "
+                          f"by {cls.__module__}.{cls.__qualname__}; give the second recipe another name")
     RECIPES[cls.name] = cls
     return cls
 
