@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -21,7 +22,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 MAX_ERROR_CHARS = 500
 
 
-def _fail(message: str, code: int = 1) -> None:
+def _fail(message: str, code: int = 1) -> NoReturn:
     """Print ``message`` as one ``error:`` line (newlines folded, at most MAX_ERROR_CHARS) and exit with ``code``."""
     line = " ".join(str(message).splitlines())
     if len(line) > MAX_ERROR_CHARS:
