@@ -104,11 +104,19 @@ class Recipe:
     # --- what the loop needs ----------------------------------------------------------------------
     def trainers(self) -> dict[str, PolicyTrainer]:
         """Trainers by role name, in ``roles`` order; their models and optimizers are checkpointed."""
+        missing = [role for role in self.roles if role not in self._role_policies]
+        if missing:
+            raise TypeError(f"recipe {self.name!r} has no trainer for role {missing[0]!r}: its __init__ must call "
+                            f"self.make_trainer(policy, {missing[0]!r}) for each of its roles {self.roles}")
         return {role: self._trainers[id(self._role_policies[role])] for role in self.roles}
 
     def solver(self) -> Policy:
         """The policy that evaluation measures: the ``solver`` role's, or the one ``policy`` of a one-policy recipe."""
-        return self._role_policies[next(role for role in SOLVER_ROLES if role in self._role_policies)]
+        role = next((role for role in SOLVER_ROLES if role in self._role_policies), None)
+        if role is None:
+            raise TypeError(f"recipe {self.name!r} has no solver to evaluate: its __init__ must call "
+                            f"self.make_trainer(policy, role) with role 'solver' or 'policy' (its roles: {self.roles})")
+        return self._role_policies[role]
 
     @property
     def style(self) -> str:
