@@ -259,7 +259,7 @@ def eval_(
     from coevolve.evaluation.harness import EVAL_PRESETS, evaluate
     from coevolve.models import ModelNotFoundError
     from coevolve.recipes import default_eval_sets
-    from coevolve.rollout import make_engine
+    from coevolve.roles import evaluation_sampler
     from coevolve.rollout.vllm_engine import EngineUnavailable, require_vllm
     from coevolve.run_models import RunCheckpointError, load_run_policy
     from coevolve.store import CheckpointDamaged
@@ -284,7 +284,7 @@ def eval_(
     set_names = [s.strip() for s in sets.split(",")] if sets else (
         default_sets or default_eval_sets("program" if target == "tiny-program" else "arith"))
     out_dir = out or (Path(target) / "eval" / label if Path(target, "config.yaml").exists() else None)
-    engine = make_engine(policy, SamplingConfig(engine=engine_name), seed=seed)
+    engine = evaluation_sampler(policy, SamplingConfig(engine=engine_name), seed=seed)
     try:
         summaries = evaluate(policy, engine, set_names, preset=preset, n_samples=n, k=k, temperature=temperature,
                              top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed,

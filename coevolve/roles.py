@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from coevolve import distributed
-from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, RoleSettings, RunConfig
+from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, RoleSettings, RunConfig, SamplingConfig
 from coevolve.models import Policy, load_policy
 from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency
@@ -29,6 +29,19 @@ def tis_cap(config: RunConfig, *, bf16_sampler: bool, constrained: bool) -> floa
     return DEFAULT_TIS_CAP if other else None
 
 
+def bf16_on(setting: str, device: torch.device) -> bool:
+    """Whether a ``train.dtype`` / ``rollout.dtype`` setting means bf16 on ``device`` (``auto``: a GPU with bf16)."""
+    on_cuda = device.type == "cuda"
+    return setting == "bf16" or (setting == "auto" and on_cuda and torch.cuda.is_bf16_supported())
+
+
+def evaluation_sampler(policy: Policy, rollout: SamplingConfig, *, seed: int) -> RolloutEngine:
+    """The sampler ``coevolve eval`` measures a model with: the engine a run gives a policy (``rollout.engine``,
+    ``rollout.dtype`` resolved for the policy's device), on weights nothing trains."""
+    device = next(policy.model.parameters()).device
+    return make_engine(policy, rollout, seed=seed, bf16=bf16_on(rollout.dtype, device))
+
+
 class RoleRuntime:
     """The device side of a run's roles: their models, trainers' settings and samplers."""
 
@@ -44,8 +57,7 @@ class RoleRuntime:
 
     def bf16(self, setting: str) -> bool:
         """Whether a ``train.dtype`` / ``rollout.dtype`` setting means bf16 on this run's device."""
-        on_cuda = self.device.type == "cuda"
-        return setting == "bf16" or (setting == "auto" and on_cuda and torch.cuda.is_bf16_supported())
+        return bf16_on(setting, self.device)
 
     def update_settings(self, policy: Policy, role: RoleSettings | None, constrained: bool) -> UpdateSettings:
         """A role's update settings: the run's ``train`` section, the role's own over it, and what the device and the

@@ -19,11 +19,11 @@ import torch
 from coevolve import distributed
 from coevolve.config import KlReference, LossAgg, LrSchedule, OptimizerReset, RoleSettings, TrainConfig
 from coevolve.memory import ModelShape, free_device_memory, plan_pass_tokens
+from coevolve.padding import left_pad, position_ids_from_mask
 from coevolve.rl import logprob_head
 from coevolve.rl.compiled_layers import compile_decoder_layers
 from coevolve.rl.losses import policy_loss
 from coevolve.rl.residency import Residency
-from coevolve.rollout.base import left_pad, position_ids_from_mask
 
 log = logging.getLogger(__name__)
 

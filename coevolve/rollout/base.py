@@ -69,23 +69,6 @@ def fixed_weights() -> int:
     return 0
 
 
-def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad id lists to one tensor; returns (input_ids, attention_mask)."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        if seq:
-            ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-            mask[row, width - len(seq):] = 1
-    return ids, mask
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that start at 0 on each row's first real token (left padding gets position 0)."""
-    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
-
-
 def distinct_prompts(prompt_ids: Sequence[Sequence[int]], device: torch.device | str = "cpu",
                      ) -> tuple[list[tuple[int, ...]], torch.Tensor]:
     """The distinct prompts of a batch in first-seen order, and for each prompt the index of its distinct copy: a

@@ -14,6 +14,7 @@ import torch
 from transformers import StaticCache
 
 from coevolve.memory import CPU_BATCH_SIZE, ModelShape, free_device_memory, plan_sampling_rows
+from coevolve.padding import left_pad, position_ids_from_mask
 from coevolve.rollout.base import (
     PROMPT_SEED_STRIDE,
     STOP_WINDOW,
@@ -22,8 +23,6 @@ from coevolve.rollout.base import (
     distinct_prompts,
     fixed_weights,
     holds_stop,
-    left_pad,
-    position_ids_from_mask,
 )
 from coevolve.rollout.constrained import RegexConstraint
 from coevolve.rollout.static_decode import BUCKETS, SLOT_ROUNDING, Shape, StaticDecoder
