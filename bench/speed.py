@@ -166,7 +166,7 @@ def bench_sampling(policy: Policy, seqs: int, tokens: int, repeats: int) -> dict
 
 def bench_hf_generate(policy: Policy, seqs: int, tokens: int, repeats: int) -> dict[str, Any]:
     """The same work through transformers' ``model.generate`` (sampling, KV cache, EOS suppressed)."""
-    from coevolve.rollout.base import left_pad
+    from coevolve.padding import left_pad
     from coevolve.rollout.hf import encode_prompt
 
     ids, mask = left_pad([encode_prompt(policy.tokenizer, p) for p in _prompts(policy, seqs)],

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -21,7 +22,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 MAX_ERROR_CHARS = 500
 
 
-def _fail(message: str, code: int = 1) -> None:
+def _fail(message: str, code: int = 1) -> NoReturn:
     """Print ``message`` as one ``error:`` line (newlines folded, at most MAX_ERROR_CHARS) and exit with ``code``."""
     line = " ".join(str(message).splitlines())
     if len(line) > MAX_ERROR_CHARS:
@@ -45,6 +46,19 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@app.callback()
+def _registry(ctx: typer.Context) -> None:
+    """Every command that names a recipe first loads the registry: the built-in recipes and those of installed
+    packages (a name taken twice or an entry point that does not load is one error line, exit 2)."""
+    if ctx.invoked_subcommand in ("recipes", "run", "sft", "eval", "export"):
+        from coevolve.config import ConfigError
+
+        try:
+            import coevolve.recipes  # noqa: F401
+        except ConfigError as exc:
+            _fail(str(exc), 2)
 
 
 @app.command()
@@ -309,7 +323,7 @@ def eval_(
     from coevolve.export import exported_eval_sets
     from coevolve.models import ModelFilesDamaged, ModelNotFoundError
     from coevolve.recipes import default_eval_sets
-    from coevolve.rollout import make_engine
+    from coevolve.roles import evaluation_sampler
     from coevolve.rollout.vllm_engine import EngineUnavailable, require_vllm
     from coevolve.run_models import RunCheckpointError, load_run_policy
     from coevolve.store import CheckpointDamaged
@@ -340,7 +354,7 @@ def eval_(
         default_sets or (exported_eval_sets(Path(target)) if Path(target).is_dir() else None)
         or default_eval_sets("program" if target == "tiny-program" else "arith"))
     out_dir = out or (Path(target) / "eval" / label if Path(target, "config.yaml").exists() else None)
-    engine = make_engine(policy, SamplingConfig(engine=engine_name), seed=seed)
+    engine = evaluation_sampler(policy, SamplingConfig(engine=engine_name), seed=seed)
     try:
         summaries = evaluate(policy, engine, set_names, preset=preset, n_samples=n, k=k, temperature=temperature,
                              top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed,

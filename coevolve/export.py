@@ -251,16 +251,16 @@ def _write_model(policy: Policy, checkpoint: RunCheckpoint, folder: Path, settin
         policy.model.to(dtype).save_pretrained(folder, max_shard_size=settings.max_shard_size)
         generation.save_pretrained(folder)
     else:
-        model = policy.model.merge_and_unload() if checkpoint.config.train.lora is not None else policy.model
+        model: Any = policy.model.merge_and_unload() if checkpoint.config.train.lora is not None else policy.model
         model = model.to(dtype)
         model.generation_config = generation
         model.save_pretrained(folder, max_shard_size=settings.max_shard_size)
     policy.tokenizer.save_pretrained(folder)
 
 
-def generation_config(policy: Policy, checkpoint: RunCheckpoint):
+def generation_config(policy: Policy, checkpoint: RunCheckpoint) -> Any:
     """The model's generation config with the run's rollout sampling (``rollout.*``) and its end-of-text tokens."""
-    gen = copy.deepcopy(policy.model.generation_config)
+    gen: Any = copy.deepcopy(policy.model.generation_config)
     rollout = checkpoint.config.rollout
     sampling = rollout.temperature > 0
     gen.do_sample = sampling

@@ -26,7 +26,7 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from coevolve.data.benchmarks import _raw_rows, get_benchmark
 from coevolve.rollout.base import Completion
@@ -90,12 +90,18 @@ class Generation:
         return self.question is not None and not self.rejected
 
 
-# A format's user message: ``prompt(style, **inputs)`` for the prompt style and the recipe's keyword inputs
-# (``document=``, ``reference=``, ...).
-PromptBuilder = Callable[..., str]
-# A format's reading of one generator output: ``parse(output, style, **inputs)`` for the completion (with its finish
-# reason), the prompt style and the recipe's keyword inputs.
-OutputParser = Callable[..., Generation]
+class PromptBuilder(Protocol):
+    """A format's user message: ``prompt(style, **inputs)`` for the prompt style and the recipe's keyword inputs
+    (``document=``, ``reference=``, ...; a builder takes the ones it needs and ignores the rest with ``**_``)."""
+
+    def __call__(self, style: str, **inputs: Any) -> str: ...
+
+
+class OutputParser(Protocol):
+    """A format's reading of one generator output: ``parse(output, style, **inputs)`` for the completion (with its
+    finish reason), the prompt style and the recipe's keyword inputs."""
+
+    def __call__(self, output: Completion, style: str, **inputs: Any) -> Generation: ...
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,7 @@ def arith_format(parse: OutputParser = read_arith_question, *, grounded: bool = 
     grounded in a fact sheet, ``document=``, where the recipe's generator reads one) and the reading of the writer's
     output (default: :func:`read_arith_question`)."""
     if grounded:
-        return GeneratorFormat(lambda style, document, **_: arith.question_prompt(style, doc=document), parse,
+        return GeneratorFormat(lambda style, **inputs: arith.question_prompt(style, doc=inputs["document"]), parse,
                                grounded=True)
     return GeneratorFormat(lambda style, **_: arith.question_prompt(style), parse)
 

@@ -90,6 +90,12 @@ class _Run:
             loaded = self.store.load_latest_checkpoint(self.saved_models, self.optimizers, self.restore)
             if loaded:
                 start, self.elapsed_before = loaded[0] + 1, loaded[1]["time_s"]
+                for trainer in self.trainers.values():  # the samplers reload the checkpoint's weights
+                    trainer.publish_weights()
+                if self.recipe.schedule is not None and start <= self.config.steps:
+                    at = self.recipe.schedule.at(start)
+                    log.info("resuming at step %d: iteration %d, step %d of %d of the %s phase", start, at.iteration,
+                             at.index + 1, at.phase.steps, at.role)
             distributed.barrier()  # every rank has read the checkpoint before rank 0 trims what follows it
             if self.main:
                 self.store.truncate_after(start - 1 if loaded else -1)
@@ -178,7 +184,9 @@ class _Run:
             "wall_s": round(self.now(), 3),
             "skipped_steps": sum(int(r.get("skipped_steps", 0) or 0) for r in rows if not is_evaluation(r)),
             "first_eval": evals[0] if evals else None, "final_eval": evals[-1] if evals else None,
-            "last_step_metrics": last_metrics, "torch": torch.__version__, **self.recipe.run_summary(),
+            "last_step_metrics": last_metrics, "torch": torch.__version__,
+            **({"schedule": self.recipe.schedule.describe()} if self.recipe.schedule is not None else {}),
+            **self.recipe.run_summary(),
         }
         atomic_write_text(self.store.root / "summary.json", dumps(summary) + "\n")
         self.tracker.finish(summary)

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from coevolve import distributed
-from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, RoleSettings, RunConfig
+from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, RoleSettings, RunConfig, SamplingConfig
 from coevolve.models import Policy, load_policy
 from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency
 from coevolve.rl.trainer import PolicyTrainer, UpdateSettings, update_settings
-from coevolve.rollout import RolloutEngine, make_engine, weights_version
+from coevolve.rollout import RolloutEngine, make_engine
 
 if TYPE_CHECKING:
     from coevolve.execution import Executor
@@ -32,6 +32,19 @@ def tis_cap(config: RunConfig, *, bf16_sampler: bool, constrained: bool) -> floa
         return config.train.tis_cap
     other = config.rollout.engine == "vllm" or bf16_sampler or constrained
     return DEFAULT_TIS_CAP if other else None
+
+
+def bf16_on(setting: str, device: torch.device) -> bool:
+    """Whether a ``train.dtype`` / ``rollout.dtype`` setting means bf16 on ``device`` (``auto``: a GPU with bf16)."""
+    on_cuda = device.type == "cuda"
+    return setting == "bf16" or (setting == "auto" and on_cuda and torch.cuda.is_bf16_supported())
+
+
+def evaluation_sampler(policy: Policy, rollout: SamplingConfig, *, seed: int) -> RolloutEngine:
+    """The sampler ``coevolve eval`` measures a model with: the engine a run gives a policy (``rollout.engine``,
+    ``rollout.dtype`` resolved for the policy's device), on weights nothing trains."""
+    device = next(policy.model.parameters()).device
+    return make_engine(policy, rollout, seed=seed, bf16=bf16_on(rollout.dtype, device))
 
 
 class RoleRuntime:
@@ -51,8 +64,7 @@ class RoleRuntime:
 
     def bf16(self, setting: str) -> bool:
         """Whether a ``train.dtype`` / ``rollout.dtype`` setting means bf16 on this run's device."""
-        on_cuda = self.device.type == "cuda"
-        return setting == "bf16" or (setting == "auto" and on_cuda and torch.cuda.is_bf16_supported())
+        return bf16_on(setting, self.device)
 
     def update_settings(self, policy: Policy, role: RoleSettings | None, constrained: bool) -> UpdateSettings:
         """A role's update settings: the run's ``train`` section, the role's own over it, and what the device and the
@@ -78,12 +90,13 @@ class RoleRuntime:
         """The sampler of ``policy`` (``rollout.engine``), one per policy for the whole run; ``trainer``: the one that
         updates it, if any.
 
-        An engine with its own weights (vLLM) reloads them before sampling whenever the trainer has updated or the
-        policy's parameters were written (``load_state_dict``) since the last load.
+        An engine with its own weights (vLLM, a bf16 copy) reloads them before sampling whenever the trainer has
+        published a new weights version (:meth:`PolicyTrainer.publish_weights`) since the last load; a policy no
+        trainer changes keeps the weights it was loaded with.
         """
         key = id(policy)
         if key not in self._engines:
-            version = None if trainer is None else (lambda: (trainer.updates_done, weights_version(policy.model)))
+            version = None if trainer is None else (lambda: trainer.weights_version)
             turns = self.residency if trainer is not None else None  # roles take turns on the GPU
             make_resident = trainer.make_resident if trainer is not None and turns is not None else None
             engine = make_engine(policy, self.config.rollout, version=version, seed=self.config.seed,

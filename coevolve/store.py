@@ -32,7 +32,7 @@ import struct
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -115,8 +115,8 @@ class RunStore:
         try:
             _write_checkpoint(tmp, step, {role: gathered[role][0] if role in gathered else model
                                           for role, model in models.items()},
-                              {role: gathered[role][1] if role in gathered else optimizer.state_dict()
-                               for role, optimizer in optimizers.items()}, state)
+                              {role: cast(dict[str, Any], gathered[role][1]) if role in gathered
+                               else optimizer.state_dict() for role, optimizer in optimizers.items()}, state)
         except BaseException:  # a full disk, an interrupt: no half-written folder left behind
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -393,5 +393,6 @@ def _tuple_state(saved: list) -> tuple:
 
 
 def _np_rng_state() -> list:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: Any = np.random.get_state()  # (name, keys, pos, has_gauss, cached)
+    name, keys, pos, has_gauss, cached = state
     return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]

@@ -8,6 +8,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -42,7 +43,7 @@ class Policy:
 
     name: str
     model: torch.nn.Module
-    tokenizer: object
+    tokenizer: Any  # a transformers tokenizer
     prompt_style: str
 
     def format_prompt(self, user_message: str) -> str:

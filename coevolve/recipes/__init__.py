@@ -1,7 +1,10 @@
 """One file per method; ``resolve`` layers a recipe's defaults, a preset, a YAML file and --set overrides.
 
 Every module of this package but ``base`` and ``generator`` is a recipe, imported here so that its ``@register``
-runs: a new recipe is a new file, with no import list to edit.
+runs: a new recipe is a new file, with no import list to edit. A recipe from the user's own package registers through
+the ``coevolve.recipes`` entry point group (``[project.entry-points."coevolve.recipes"] my_recipe =
+"my_package.module:MyRecipe"``, the class or a module whose ``@register`` runs on import); a name a built-in
+recipe has is refused with one ConfigError.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Any
 
 from coevolve.config import (
@@ -24,12 +29,31 @@ from coevolve.config import (
 )
 from coevolve.evaluation.harness import EVAL_PRESETS
 from coevolve.formats import GeneratorFormat
-from coevolve.recipes.base import RECIPES, Recipe, RecipeParams
+from coevolve.recipes.base import RECIPES, Recipe, RecipeParams, register
 from coevolve.recipes.generator import GeneratorRecipe
+
+ENTRY_POINTS = "coevolve.recipes"  # the entry point group of recipes from other packages
+
+
+def _load_entry_points() -> None:
+    """Register the recipes that installed packages declare in the ``coevolve.recipes`` entry point group."""
+    for point in entry_points(group=ENTRY_POINTS):
+        try:
+            target = point.load()
+        except Exception as exc:  # a broken user package: one line naming the entry point
+            raise ConfigError(f"the {ENTRY_POINTS} entry point {point.name} = {point.value} does not load: "
+                              f"{type(exc).__name__}: {exc}") from None
+        if isinstance(target, type) and issubclass(target, Recipe):
+            register(target)
+        elif not isinstance(target, ModuleType):
+            raise ConfigError(f"the {ENTRY_POINTS} entry point {point.name} = {point.value} is neither a Recipe "
+                              f"class nor a module of recipes")
+
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in ("base", "generator"):
         importlib.import_module(f"{__name__}.{_module.name}")
+_load_entry_points()
 
 __all__ = ["FORMATS", "RECIPES", "Recipe", "resolve", "resolve_saved"]
 

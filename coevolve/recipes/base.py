@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coevolve.config import ConfigError, RoleSettings, RunConfig, to_yaml
 from coevolve.models import Policy
+from coevolve.phases import PhasePosition, Schedule, start_step
 from coevolve.records import SampleRow
 from coevolve.rl.trainer import PolicyTrainer, TrainSample
 from coevolve.roles import RoleRuntime
@@ -47,6 +48,12 @@ class StepOutput:
 
 
 def register(cls: type[Recipe]) -> type[Recipe]:
+    """Add a recipe class to ``RECIPES`` under its ``name``: ``@register`` on a built-in, or the ``coevolve.recipes``
+    entry point of a user's package (:mod:`coevolve.recipes`). A name taken by another class is one ConfigError."""
+    taken = RECIPES.get(cls.name)
+    if taken is not None and taken is not cls:
+        raise ConfigError(f"recipe name {cls.name!r} is taken twice: by {taken.__module__}.{taken.__qualname__} and "
+                          f"by {cls.__module__}.{cls.__qualname__}; give the second recipe another name")
     RECIPES[cls.name] = cls
     return cls
 
@@ -79,7 +86,7 @@ class Recipe:
     defaults: ClassVar[dict[str, Any]] = {}
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     fsdp_unsupported: ClassVar[str | None] = None  # why ``train.fsdp`` cannot shard this recipe, if it cannot
-    phased: ClassVar[bool] = False  # its roles train in phases (PolicyTrainer.phase_step): lr schedules, resets
+    phased: ClassVar[bool] = False  # its roles train in phases (``schedule``): lr schedules, resets
     scores_questions: ClassVar[bool] = False  # its solver votes to score or label questions (``rollout.scoring``)
 
     def __init__(self, config: RunConfig, params: RecipeParams):
@@ -92,15 +99,24 @@ class Recipe:
         self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
         self._role_policies: dict[str, Policy] = {}  # by role, as make_trainer recorded them
         self._runtime = RoleRuntime(config)  # devices, ranks and samplers
+        self.schedule: Schedule | None = None  # a phased recipe's phases (coevolve.phases), set once its trainers are
 
     # --- what the loop needs ----------------------------------------------------------------------
     def trainers(self) -> dict[str, PolicyTrainer]:
         """Trainers by role name, in ``roles`` order; their models and optimizers are checkpointed."""
+        missing = [role for role in self.roles if role not in self._role_policies]
+        if missing:
+            raise TypeError(f"recipe {self.name!r} has no trainer for role {missing[0]!r}: its __init__ must call "
+                            f"self.make_trainer(policy, {missing[0]!r}) for each of its roles {self.roles}")
         return {role: self._trainers[id(self._role_policies[role])] for role in self.roles}
 
     def solver(self) -> Policy:
         """The policy that evaluation measures: the ``solver`` role's, or the one ``policy`` of a one-policy recipe."""
-        return self._role_policies[next(role for role in SOLVER_ROLES if role in self._role_policies)]
+        role = next((role for role in SOLVER_ROLES if role in self._role_policies), None)
+        if role is None:
+            raise TypeError(f"recipe {self.name!r} has no solver to evaluate: its __init__ must call "
+                            f"self.make_trainer(policy, role) with role 'solver' or 'policy' (its roles: {self.roles})")
+        return self._role_policies[role]
 
     @property
     def style(self) -> str:
@@ -109,6 +125,23 @@ class Recipe:
 
     def step(self, step: int) -> StepOutput:
         raise NotImplementedError
+
+    def enter_phase(self, step: int) -> PhasePosition:
+        """A phased recipe's first call in ``step``: the step's position in :attr:`schedule`, after what comes
+        before it (:func:`coevolve.phases.start_step`: a phase start's re-initialisation and resets, the lr)."""
+        if self.schedule is None:
+            raise ValueError(f"{self.name}: a recipe with phases sets self.schedule in __init__")
+        position = self.schedule.at(step)
+        self.start_phase(position)
+        return position
+
+    def start_phase(self, position: PhasePosition) -> None:
+        """What comes before the step at ``position`` (:func:`coevolve.phases.start_step`)."""
+        start_step(position, self.trainers(), self.reset_state)
+
+    def reset_state(self, name: str) -> None:
+        """Reset the recipe state ``name`` that a :class:`~coevolve.phases.Phase` resets at its start."""
+        raise ValueError(f"{self.name} has no state {name!r} to reset at a phase start")
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able recipe state beyond weights and optimizers (pools, counts); saved with checkpoints."""

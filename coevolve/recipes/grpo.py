@@ -32,13 +32,13 @@ from coevolve.recipes.base import (
     train_samples,
 )
 from coevolve.records import solver_row
-from coevolve.rl.advantages import AdvantageKind, compute_advantages, nonzero_variance_mask
+from coevolve.rl.advantages import AdvantageName, compute_advantages, nonzero_variance_mask
 
 
 class GRPOParams(RecipeParams):
     questions_per_step: int = Field(16, gt=0, description="B, problems per step")
     group_size: int = Field(8, gt=1, description="G, solutions per problem")
-    advantage: AdvantageKind = Field("grpo", description="the advantage estimator (coevolve.rl.advantages)")
+    advantage: AdvantageName = Field("grpo", description="the advantage estimator (coevolve.rl.advantages)")
     drop_zero_variance: bool = Field(False, description="leave out groups whose rewards are all equal")
     levels: ArithLevels = Field([1, 2, 3, 4], description="arith: difficulty levels of the training problems")
     train_split: str = Field("train", description="math: training file (gsm8k train)")

@@ -46,8 +46,11 @@ from coevolve.recipes.r_zero import (
     Question,
     RZero,
     RZeroParams,
+    give_rewards,
+    scored_questions,
 )
-from coevolve.rewards.coverage import CoverageCounts, ReferenceCorpus, cluster_space_for, prism_reward, zpd_gate
+from coevolve.rewards.coverage import CoverageCounts, ReferenceCorpus, cluster_space_for
+from coevolve.rewards.questioner import prism_rewards
 from coevolve.rewards.uncertainty import in_band
 
 # The reference corpus and K of the cluster space per task world, where params leave them unset: generated arithmetic
@@ -117,12 +120,14 @@ class Prism(RZero):
             q.cluster = int(c)
         return ids
 
-    def init_questioner(self) -> None:
-        """Lines 4-6 at the start of iteration t > 1: Q_t's weights (:meth:`RZero.init_questioner`), and n <- alpha
-        with ``count_reset: iteration``."""
-        super().init_questioner()
-        if self.params.count_reset == "iteration":
-            self.coverage = CoverageCounts(self.space.k, self.params.gamma, self.params.alpha)
+    def questioner_resets(self) -> tuple[str, ...]:
+        """Lines 5-6 with ``count_reset: iteration``: n <- alpha at the questioner phase's start."""
+        return ("coverage",) if self.params.count_reset == "iteration" else ()
+
+    def reset_state(self, name: str) -> None:
+        if name != "coverage":
+            super().reset_state(name)
+        self.coverage = CoverageCounts(self.space.k, self.params.gamma, self.params.alpha)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "coverage": self.coverage.state_dict()}
@@ -139,12 +144,9 @@ class Prism(RZero):
         scored = [q for q in questions if q.p is not None and (in_band(q.p, *band) or id(q) in counted_ids)]
         ids = self.assign(scored)  # line 12
         rarity = dict(zip(map(id, scored), self.coverage.rarity(ids)))  # line 13, counts before this batch
-        for q in questions:
-            d = float(rarity.get(id(q), 0.0))
-            gate = None if q.p is None else (zpd_gate(q.p, low=band[0], high=band[1]) if p.zpd_gate
-                                             else float(in_band(q.p, *band)))
-            q.terms = {"zpd": gate or 0.0, "rarity": d}
-            q.reward = prism_reward(q.p, d, p.lam, gate)  # line 14
+        give_rewards(questions, prism_rewards(scored_questions(questions),  # line 14
+                                              [float(rarity.get(id(q), 0.0)) for q in questions], band, p.lam,
+                                              p.zpd_gate))
         self.coverage.update([q.cluster for q in counted])  # line 17, after the rewards (line 16 follows in step)
         d_values = [float(x) for x in rarity.values()]
         counts = self.coverage.counts

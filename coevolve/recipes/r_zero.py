@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -41,6 +42,7 @@ from coevolve.formats import ANSWER, LINE, Generation, GeneratorFormat, arith_fo
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
+from coevolve.phases import Schedule, phase_for
 from coevolve.recipes.base import (
     PhaseTimer,
     StepOutput,
@@ -52,15 +54,13 @@ from coevolve.recipes.base import (
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
 from coevolve.records import SampleRow, generator_row, solver_row
-from coevolve.rewards.uncertainty import (
-    BleuTokens,
-    RZeroForm,
-    in_band,
-    pool_filter_reasons,
-    repetition_penalty,
-    rzero_reward,
-    uncertainty_reward,
+from coevolve.rewards.questioner import (
+    QuestionReward,
+    ScoredQuestion,
+    repetition_penalties,
+    rzero_rewards,
 )
+from coevolve.rewards.uncertainty import BleuTokens, RZeroForm, in_band, pool_filter_reasons
 from coevolve.rl.advantages import compute_advantages, nonzero_variance_mask
 from coevolve.rollout import Completion, SamplingParams
 
@@ -209,6 +209,17 @@ class Question:
         return self.vote.label if self.vote else None
 
 
+def scored_questions(questions: Sequence[Question]) -> list[ScoredQuestion]:
+    """What the reward stages read of each question: its text and p."""
+    return [ScoredQuestion(q.text, q.p) for q in questions]
+
+
+def give_rewards(questions: Sequence[Question], rewards: Sequence[QuestionReward]) -> None:
+    """Each question's reward and terms from the reward stages' output."""
+    for q, r in zip(questions, rewards, strict=True):
+        q.reward, q.terms = r.reward, dict(r.terms)
+
+
 @dataclass
 class PoolItem:
     """A labelled question of the solver's pool."""
@@ -277,7 +288,11 @@ class RZero(GeneratorRecipe):
         self.vote_equivalence = self.task.vote_equivalence  # integers: the vote's exact fast path
         self.bleu_tokens = params.bleu_tokens or BLEU_TOKENS[self.world]
         self.pool_band = params.pool_band or params.band
-        self.period = params.questioner_steps + params.solver_steps
+        reinit = "solver" if params.questioner_init == "solver" and not config.frozen_generator else None
+        self.schedule = Schedule([  # line 1 at the questioner phase's start: Q_t <- Q_{t-1}, or S_{t-1} (SolverInit)
+            phase_for("questioner", params.questioner_steps, self.questioner_trainer, reinit_from=reinit,
+                      reset=self.questioner_resets()),
+            phase_for("solver", params.solver_steps, self.solver_trainer)])
         self.pool: list[PoolItem] = []
         self.pool_iteration = 0  # the iteration whose pool ``self.pool`` is
 
@@ -288,23 +303,19 @@ class RZero(GeneratorRecipe):
         self.pool_iteration = int(state["pool_iteration"])
         self.pool = [PoolItem(**item) for item in state["pool"]]
 
-    def schedule(self, step: int) -> tuple[int, str, int]:
-        """(iteration t, phase, index of the step within its phase) of loop step ``step`` (1-based)."""
-        t, offset = divmod(step - 1, self.period)
-        if offset < self.params.questioner_steps:
-            return t + 1, "questioner", offset
-        return t + 1, "solver", offset - self.params.questioner_steps
+    def questioner_resets(self) -> tuple[str, ...]:
+        """Recipe state reset at each questioner phase's start after the first (none for R-Zero)."""
+        return ()
 
     def step(self, step: int) -> StepOutput:
-        t, phase, index = self.schedule(step)
-        return self.questioner_step(step, t, index) if phase == "questioner" else self.solver_step(step, t, index)
+        at = self.enter_phase(step)  # a fresh AdamW per phase, the lr schedule, SolverInit's Q_t <- S_{t-1}
+        if at.role == "questioner":
+            return self.questioner_step(step, at.iteration)
+        return self.solver_step(step, at.iteration, at.index)
 
     # --- questioner phase -------------------------------------------------------------------------
-    def questioner_step(self, step: int, t: int, index: int) -> StepOutput:
+    def questioner_step(self, step: int, t: int) -> StepOutput:
         p, timer, seed = self.params, PhaseTimer(), self.config.seed
-        if index == 0 and t > 1:  # line 2: Q_t <- Q_{t-1}, or S_{t-1} (SolverInit)
-            self.init_questioner()
-        self.questioner_trainer.phase_step(index, p.questioner_steps)  # a fresh AdamW per phase, the lr schedule
         with timer("generate"):  # B_Q prompt copies x G_Q outputs
             groups = self.sample_groups(self.questioner, [self.question_prompt] * p.questioner_prompts,
                                         p.questioner_group, step_seed(seed, step, "questions"), self.question_sampling)
@@ -333,28 +344,19 @@ class RZero(GeneratorRecipe):
                      **role_metrics("questioner", stats), **timer},
             samples=self.question_records(step, t, "question", questions))
 
-    def init_questioner(self) -> None:
-        """Q_t <- S_{t-1} with a fresh optimizer under SolverInit; Q_t <- Q_{t-1} (nothing to do) otherwise."""
-        if self.params.questioner_init == "solver" and not self.config.frozen_generator:
-            self.questioner.model.load_state_dict(self.solver_policy.model.state_dict())
-            self.questioner_trainer.optimizer.state.clear()
-
     def questioner_rewards(self, questions: list[Question]) -> dict[str, float]:
-        """R-Zero's reward: uncertainty minus the BLEU-cluster repetition penalty over the whole batch."""
-        p = self.params
-        penalties = repetition_penalty([q.text or "" for q in questions], p.repetition_threshold, self.bleu_tokens,
-                                       p.repetition_weight)
-        for q, pen in zip(questions, penalties):
-            q.terms = {"uncertainty": uncertainty_reward(q.p) if q.p is not None else 0.0, "repetition": float(pen)}
-            q.reward = rzero_reward(q.p, float(pen), p.reward_form)
-        return {"rzero/repetition_mean": mean([float(x) for x in penalties])}
+        """R-Zero's reward (:mod:`coevolve.rewards.questioner`): uncertainty minus the BLEU-cluster repetition penalty
+        over the whole batch, written on each question; returns its metrics."""
+        p, scored = self.params, scored_questions(questions)
+        penalties = repetition_penalties(scored, p.repetition_threshold, self.bleu_tokens, p.repetition_weight)
+        give_rewards(questions, rzero_rewards(scored, penalties, p.reward_form))
+        return {"rzero/repetition_mean": mean(penalties)}
 
     # --- solver phase -----------------------------------------------------------------------------
     def solver_step(self, step: int, t: int, index: int) -> StepOutput:
         p, timer, seed = self.params, PhaseTimer(), self.config.seed
         samples: list[SampleRow] = []
         metrics: dict[str, Any] = {"iteration": t, "phase": "solver"}
-        self.solver_trainer.phase_step(index, p.solver_steps)  # a fresh AdamW per phase, the lr schedule
         if self.pool_iteration != t:  # lines 6-7 at the phase boundary: pool from Q_t, labels from S_{t-1}
             with timer("pool"):
                 candidates = self.build_pool(step, t)

@@ -50,6 +50,7 @@ from coevolve.data.benchmarks import load_benchmark
 from coevolve.embeddings import EncoderUnavailable, default_encoder_path, embed
 from coevolve.grading.equivalence import normalize_answer
 from coevolve.grading.vote import VoteResult
+from coevolve.phases import Schedule, phase_for
 from coevolve.recipes.base import (
     ArithLevels,
     PhaseTimer,
@@ -202,6 +203,7 @@ class TTRL(Recipe):
         super().__init__(config, params)
         self.policy = self.load_policy()
         self.trainer = self.make_trainer(self.policy, "solver")
+        self.schedule = Schedule([phase_for("solver", config.steps, self.trainer)])  # one phase, the whole run
         self.pool = build_pool(config, params, self.task)
         self.vote_equivalence = self.task.vote_equivalence  # exact for integers, math-verify for math
         self.last_label: dict[str, str | None] = {}  # question id -> its majority answer when last voted on
@@ -259,6 +261,7 @@ class TTRL(Recipe):
         return out
 
     def step(self, step: int) -> StepOutput:
+        self.enter_phase(step)  # the lr schedule over the whole run
         p, timer, seed = self.params, PhaseTimer(), self.config.seed
         if p.label_free_reward == "restrain" and self.prompt_weights is None:
             if step > 1:
@@ -282,7 +285,6 @@ class TTRL(Recipe):
             else:
                 advantages = compute_advantages(p.advantage, rewards, group_ids)  # line 6
         with timer("update_solver"):
-            self.trainer.phase_step(step - 1, self.config.steps)  # the lr schedule runs over the whole run
             completions = [v.group[i] for v in voted for i in v.trained]
             stats = self.trainer.update(train_samples(completions, advantages))
         metrics = self.vote_metrics(voted)  # before ``last_label`` moves on

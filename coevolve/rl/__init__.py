@@ -1,7 +1,8 @@
 """RL math: group-relative advantages and the token-level clipped policy loss."""
 
 from coevolve.rl.advantages import (
-    ADVANTAGE_KINDS,
+    ESTIMATORS,
+    advantage_estimator,
     batch_norm_advantages,
     compute_advantages,
     decomposed_advantages,
@@ -13,8 +14,9 @@ from coevolve.rl.advantages import (
 from coevolve.rl.losses import AGG_MODES, k3_kl, policy_loss
 
 __all__ = [
-    "ADVANTAGE_KINDS",
     "AGG_MODES",
+    "ESTIMATORS",
+    "advantage_estimator",
     "batch_norm_advantages",
     "compute_advantages",
     "decomposed_advantages",

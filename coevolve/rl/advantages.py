@@ -19,11 +19,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import AfterValidator
 
 ArrayLike = Any  # list, numpy array or torch tensor
+Estimator = Callable[..., np.ndarray]  # (rewards, groups, *, eps, ...) -> advantages
+
+# The group-relative estimators by name, filled by :func:`advantage_estimator`: recipes choose one with
+# ``compute_advantages(name, ...)`` and type their ``advantage`` setting as ``AdvantageName``; a user's package
+# registers its own estimator with the same decorator.
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def advantage_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    """Register the decorated function as the advantage estimator ``name`` (a name registered twice is an error)."""
+    def register(fn: Estimator) -> Estimator:
+        if name in ESTIMATORS and ESTIMATORS[name] is not fn:
+            raise ValueError(f"advantage estimator {name!r} is registered twice: {ESTIMATORS[name].__module__}."
+                             f"{ESTIMATORS[name].__qualname__} and {fn.__module__}.{fn.__qualname__}")
+        ESTIMATORS[name] = fn
+        return fn
+    return register
 
 
 def _to_numpy(x: ArrayLike, dtype: type) -> np.ndarray:
@@ -74,6 +92,7 @@ def _batch_sigma(stats: _GroupStats, include_zero_variance: bool) -> float:
     return float(stds.mean()) if stds.size else 0.0
 
 
+@advantage_estimator("grpo")
 def grpo_advantages(rewards: ArrayLike, groups: ArrayLike, eps: float = 1e-6, unbiased: bool = True) -> np.ndarray:
     """GRPO advantage A_i = (r_i - mean_g) / (std_g + eps).
 
@@ -83,12 +102,14 @@ def grpo_advantages(rewards: ArrayLike, groups: ArrayLike, eps: float = 1e-6, un
     return s.centred / (s.std + eps)
 
 
+@advantage_estimator("dr_grpo")
 def dr_grpo_advantages(rewards: ArrayLike, groups: ArrayLike, eps: float = 1e-6, unbiased: bool = True) -> np.ndarray:
     """Dr.GRPO advantage A_i = r_i - mean_g (mean baseline, no std scaling; INFUSER's solver advantage, §2.3).
     ``eps`` and ``unbiased`` are taken as every estimator takes them and change nothing here (no std, no division)."""
     return _group_stats(rewards, groups, unbiased).centred
 
 
+@advantage_estimator("dugrpo")
 def dugrpo_advantages(
     rewards: ArrayLike,
     groups: ArrayLike,
@@ -109,6 +130,7 @@ def dugrpo_advantages(
     return s.centred / (s.std + sigma_b + eps)
 
 
+@advantage_estimator("batch_norm")
 def batch_norm_advantages(
     rewards: ArrayLike,
     groups: ArrayLike,
@@ -151,6 +173,7 @@ def decomposed_advantages(
     )
 
 
+@advantage_estimator("task_relative")
 def task_relative_advantages(
     rewards: ArrayLike,
     groups: ArrayLike,
@@ -192,26 +215,19 @@ def nonzero_variance_mask(rewards: ArrayLike, groups: ArrayLike) -> np.ndarray:
     return _group_stats(rewards, groups, unbiased=True).varies
 
 
-# The group-relative estimators by name: recipes choose one with ``compute_advantages(kind, ...)`` and type their
-# ``advantage`` setting as ``AdvantageKind`` (or a Literal of some of its names).
-AdvantageKind = Literal["grpo", "dr_grpo", "dugrpo", "batch_norm", "task_relative"]
-_ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
-    "grpo": grpo_advantages,
-    "dr_grpo": dr_grpo_advantages,
-    "dugrpo": dugrpo_advantages,
-    "batch_norm": batch_norm_advantages,
-    "task_relative": task_relative_advantages,
-}
-ADVANTAGE_KINDS: tuple[str, ...] = get_args(AdvantageKind)
+def _known_estimator(name: str) -> str:
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r} (known: {', '.join(sorted(ESTIMATORS))})")
+    return name
+
+
+# A recipe's ``advantage`` setting: the name of a registered estimator, checked when the config resolves.
+AdvantageName = Annotated[str, AfterValidator(_known_estimator)]
 
 
 def compute_advantages(kind: str, rewards: ArrayLike, groups: ArrayLike, *, eps: float = 1e-6,
                        **kwargs: Any) -> np.ndarray:
-    """The advantages of estimator ``kind`` (one of ``AdvantageKind``), with ``eps`` guarding its division (the
+    """The advantages of estimator ``kind`` (a name in ``ESTIMATORS``), with ``eps`` guarding its division (the
     specs' 1e-6, or TRL's 1e-4). Further keyword arguments go to the estimator (``unbiased``,
     ``include_zero_variance_in_sigma_b``, ``weights``)."""
-    try:
-        fn = _ESTIMATORS[kind]
-    except KeyError:
-        raise ValueError(f"unknown advantage kind {kind!r}; expected one of {ADVANTAGE_KINDS}") from None
-    return fn(rewards, groups, eps=eps, **kwargs)
+    return ESTIMATORS[_known_estimator(kind)](rewards, groups, eps=eps, **kwargs)

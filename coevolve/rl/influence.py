@@ -248,7 +248,7 @@ def one_step_dev_gains(trainer: PolicyTrainer, questions: Sequence[Sequence[Trai
         trainer.update(rollouts)
         ratio = torch.exp(_logprob_sums(trainer, dev) - before)
         gains.append(float((advantages * (ratio - 1.0)).sum()) / dev_rollouts)
-        model.load_state_dict(weights)
+        trainer.load_weights(weights)
         trainer.optimizer.load_state_dict(copy.deepcopy(optimizer_state))  # loading may keep the given tensors
         trainer.updates_done = updates_done
     trainer.optimizer.zero_grad(set_to_none=True)

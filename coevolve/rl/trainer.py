@@ -19,11 +19,11 @@ import torch
 from coevolve import distributed
 from coevolve.config import KlReference, LossAgg, LrSchedule, OptimizerReset, RoleSettings, TrainConfig
 from coevolve.memory import ModelShape, free_device_memory, plan_pass_tokens
+from coevolve.padding import left_pad, position_ids_from_mask
 from coevolve.rl import logprob_head
 from coevolve.rl.compiled_layers import compile_decoder_layers
 from coevolve.rl.losses import policy_loss
 from coevolve.rl.residency import Residency
-from coevolve.rollout.base import left_pad, position_ids_from_mask
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +353,19 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas,
                                            weight_decay=settings.weight_decay, fused=fused)
         self.updates_done = 0
+        self.weights_version = 0  # published after every change of the weights (:meth:`publish_weights`)
         self.residency: Residency | None = None  # set by Residency.register (train.offload_idle_role)
+
+    def publish_weights(self) -> None:
+        """Announce new weights: a sampler with its own copy (vLLM, a bf16 copy) reloads it before it next samples.
+        Every path that writes the weights calls it: an update, :meth:`load_weights`, a phase's re-initialisation,
+        a resume."""
+        self.weights_version += 1
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """The trained model takes ``state`` (another role's weights, a saved copy), published to the samplers."""
+        self.model.load_state_dict(state)
+        self.publish_weights()
 
     def phase_step(self, index: int, total: int) -> None:
         """Call before each step of a phase of ``total`` steps (``index`` 0-based): at its first step a fresh AdamW
@@ -463,6 +475,8 @@ class PolicyTrainer:
                     totals[k] = max(totals.get(k, v), v) if k.endswith("_max") else totals.get(k, 0.0) + v
         self.model.eval()
         self.updates_done += 1
+        if steps:
+            self.publish_weights()
         result = {k: v if k.endswith("_max") else v / max(steps, 1) for k, v in totals.items()}
         result.update(optimizer_steps=steps, skipped_steps=skipped)
         if st.fit_memory and st.micro_batch_tokens:

@@ -7,10 +7,10 @@ from collections.abc import Callable
 import torch
 
 from coevolve.memory import CPU_BATCH_SIZE
-from coevolve.rollout.base import Completion, RolloutEngine, SamplingParams, weights_version
+from coevolve.rollout.base import Completion, RolloutEngine, SamplingParams, fixed_weights
 from coevolve.rollout.wrappers import DataParallelEngine, FullWeightsEngine, ResidentEngine
 
-__all__ = ["Completion", "RolloutEngine", "SamplingParams", "make_engine", "weights_version"]
+__all__ = ["Completion", "RolloutEngine", "SamplingParams", "fixed_weights", "make_engine"]
 
 
 def make_engine(policy, rollout, *, version: Callable[[], object] | None = None, seed: int = 0,
@@ -19,12 +19,12 @@ def make_engine(policy, rollout, *, version: Callable[[], object] | None = None,
     """The sampling stack for ``policy`` (a ``Policy``; ``rollout`` is the config's ``rollout``): the engine
     ``rollout.engine`` names, then the wrappers of :mod:`coevolve.rollout.wrappers` the run needs.
 
-    ``version`` identifies the live weights (default: :func:`weights_version` of the model); an engine with its
-    own copy of the weights reloads them when it changes. ``bf16``: the HF engine samples from a bf16 copy
-    (``rollout.dtype`` resolved for the run's device). ``make_resident``: called before each call (roles take
-    turns on the GPU); ``data_parallel``: each rank (vLLM: each engine, over ``rollout.vllm.tensor_parallel_size``
-    ranks) samples its share and every rank sees the whole batch; ``sharded``: the FSDP model whose whole weights
-    every rank gathers to sample with the HF engine.
+    ``version`` returns the weights version the policy's trainer publishes (default :func:`fixed_weights`: nothing
+    trains the policy); an engine with its own copy of the weights reloads them when it changes. ``bf16``: the HF
+    engine samples from a bf16 copy (``rollout.dtype`` resolved for the run's device). ``make_resident``: called
+    before each call (roles take turns on the GPU); ``data_parallel``: each rank (vLLM: each engine, over
+    ``rollout.vllm.tensor_parallel_size`` ranks) samples its share and every rank sees the whole batch; ``sharded``:
+    the FSDP model whose whole weights every rank gathers to sample with the HF engine.
     """
     engine = _engine(policy, rollout, version=version, seed=seed, bf16=bf16)
     vllm = rollout.engine == "vllm"

@@ -57,8 +57,9 @@ class Completion:
 class RolloutEngine(Protocol):
     """Samples completions for many prompts in one call, reproducibly for a given seed.
 
-    An engine that holds its own copy of the weights (vLLM) loads the live model's weights itself before
-    sampling whenever they changed; one that samples from the live model (HF) has nothing to load.
+    An engine that holds its own copy of the weights (vLLM, a bf16 copy) loads the live model's weights before sampling
+    whenever the version its trainer publishes changed; one that samples from the live model (HF) has nothing to
+    load.
     """
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> list[Completion]:
@@ -70,31 +71,9 @@ class RolloutEngine(Protocol):
         ...
 
 
-def weights_version(model: torch.nn.Module) -> int:
-    """A number that changes whenever a parameter is written in place (an optimizer step, ``load_state_dict``).
-
-    torch bumps a tensor's version counter on every in-place write; summed over the parameters it tells an
-    engine with its own copy of the weights that it must reload them. (Fused AdamW on CPU does not bump it,
-    so callers that own a trainer add its update count.)
-    """
-    return sum(p._version for p in model.parameters())
-
-
-def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad id lists to one tensor; returns (input_ids, attention_mask)."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        if seq:
-            ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-            mask[row, width - len(seq):] = 1
-    return ids, mask
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that start at 0 on each row's first real token (left padding gets position 0)."""
-    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+def fixed_weights() -> int:
+    """The weights version of a policy that nothing trains: its sampler loads the weights once."""
+    return 0
 
 
 def distinct_prompts(prompt_ids: Sequence[Sequence[int]], device: torch.device | str = "cpu",

@@ -14,16 +14,15 @@ import torch
 from transformers import StaticCache
 
 from coevolve.memory import CPU_BATCH_SIZE, ModelShape, free_device_memory, plan_sampling_rows
+from coevolve.padding import left_pad, position_ids_from_mask
 from coevolve.rollout.base import (
     PROMPT_SEED_STRIDE,
     STOP_WINDOW,
     Completion,
     SamplingParams,
     distinct_prompts,
+    fixed_weights,
     holds_stop,
-    left_pad,
-    position_ids_from_mask,
-    weights_version,
 )
 from coevolve.rollout.constrained import RegexConstraint
 from coevolve.rollout.static_decode import BUCKETS, SLOT_ROUNDING, Shape, StaticDecoder
@@ -106,7 +105,7 @@ class HFRolloutEngine:
             eos_token_ids = [tokenizer.eos_token_id]
         self.eos_token_ids = [i for i in eos_token_ids if i is not None]
         self.cuda_graphs, self.keep_sampler, self.sync_every = cuda_graphs, keep_sampler, sync_every
-        self.copy = (SamplerCopy(model, dtype, version or (lambda: weights_version(model)))
+        self.copy = (SamplerCopy(model, dtype, version or fixed_weights)
                      if dtype is not None else None)
         self.decoder: StaticDecoder | None = None
         self.reported = (0, 0.0)  # the copy's refreshes and seconds at the last pop_metrics

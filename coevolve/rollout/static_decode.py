@@ -23,7 +23,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from coevolve.rollout.base import SamplingParams, distinct_prompts, left_pad, position_ids_from_mask
+from coevolve.padding import left_pad, position_ids_from_mask
+from coevolve.rollout.base import SamplingParams, distinct_prompts
 
 DECODE_ATTENTION = "coevolve_decode"
 BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)

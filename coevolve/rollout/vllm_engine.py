@@ -1,7 +1,7 @@
 """Rollouts on vLLM in the training process ("colocate"): one engine per policy that samples, in every process.
 
-The engine holds its own copy of the policy's weights. Before each ``generate`` it compares the live
-model's weights version with the one it last loaded and, when they differ, pushes the trainer's tensors into
+The engine holds its own copy of the policy's weights. Before each ``generate`` it compares the weights
+version the trainer publishes with the one it last loaded and, when they differ, pushes the trainer's tensors into
 the running engine in memory (``reload_weights`` on the worker; no disk, no restart) and resets the prefix
 cache, so a sample after an optimizer update always comes from the updated weights.
 
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from coevolve import distributed
-from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, SamplingParams, weights_version
+from coevolve.rollout.base import PROMPT_SEED_STRIDE, Completion, SamplingParams, fixed_weights
 from coevolve.rollout.hf import encode_prompt
 from coevolve.rollout.weights import hf_state_dict
 
@@ -113,8 +113,9 @@ class VLLMRolloutEngine:
     """Samples from ``model``'s current weights with an in-process ``vllm.LLM`` built from ``model_source``.
 
     ``model_source`` is a Hugging Face folder (or hub id) with the same architecture and tokenizer; its weights
-    are replaced by the live model's before the first sample. ``version`` returns the live weights' version
-    (default :func:`weights_version`); a change triggers a sync before the next ``generate``.
+    are replaced by the live model's before the first sample. ``version`` returns the weights version the trainer
+    publishes (default :func:`~coevolve.rollout.base.fixed_weights`); a change triggers a sync before the next
+    ``generate``.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, model_source: str, *,
@@ -128,7 +129,7 @@ class VLLMRolloutEngine:
             eos_token_ids = [tokenizer.eos_token_id]
         self.eos_token_ids = [i for i in eos_token_ids if i is not None]  # empty: never stop at EOS (benchmarks)
         self.settings = settings
-        self.version = version or (lambda: weights_version(self.model))
+        self.version = version or fixed_weights
         self.seed = seed
         self.on_cuda = next(model.parameters()).is_cuda
         self.llm = None
@@ -177,7 +178,7 @@ class VLLMRolloutEngine:
         started = time.perf_counter()
         engine = self._started()
         engine.collective_rpc(_reload_worker_weights, args=(hf_state_dict(self.model),))
-        version = self.version()  # after the LoRA merge and unmerge, which write the base weights
+        version = self.version()
         engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.synced_version = version
         seconds = time.perf_counter() - started

@@ -97,4 +97,4 @@ class SamplerCopy:
         for name, tensor in hf_state_dict(self.source):
             if name in params:
                 params[name].copy_(tensor)
-        self.loaded_version = self.version()  # after the LoRA merge and unmerge, which write the base weights
+        self.loaded_version = self.version()

@@ -53,3 +53,22 @@ def test_the_guides_recipe_registers_and_trains(self_vote, small_tiny_arith, tmp
     assert (tmp_path / "run" / "samples" / "step_000002.jsonl").exists()
     with pytest.raises(Exception, match="arith"):  # its one world: a chat task is refused before any model loads
         resolve("self_vote", sets=["task=math"])
+
+
+def test_a_recipe_that_forgets_make_trainer_gets_one_error_naming_the_fix(tmp_path, random_model_dir):
+    from coevolve.loop import run
+    from coevolve.recipes.base import Recipe
+    from coevolve.recipes.grpo import GRPO
+
+    class Forgetful(GRPO):  # loads its model but makes no trainer (not registered)
+        def __init__(self, config, params):
+            Recipe.__init__(self, config, params)
+            self.policy = self.load_policy()
+
+    config, params, _ = resolve("grpo", sets=[f"model={random_model_dir}", "eval_sets=[]", "steps=1"])
+    recipe = Forgetful(config, params)
+    with pytest.raises(TypeError, match=r"no trainer for role 'solver': its __init__ must call "
+                                        r"self\.make_trainer\(policy, 'solver'\)"):
+        run(recipe, config, tmp_path / "run", progress=False)
+    with pytest.raises(TypeError, match="no solver to evaluate"):
+        recipe.solver()

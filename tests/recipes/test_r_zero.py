@@ -66,12 +66,18 @@ def stub_labels(recipe, votes):
 
 def test_schedule_maps_steps_to_iterations_and_phases(random_model_dir):
     recipe, _ = make("r_zero", random_model_dir, "params.questioner_steps=6", "params.solver_steps=20")
-    assert recipe.schedule(1) == (1, "questioner", 0)
-    assert recipe.schedule(6) == (1, "questioner", 5)
-    assert recipe.schedule(7) == (1, "solver", 0)
-    assert recipe.schedule(26) == (1, "solver", 19)
-    assert recipe.schedule(27) == (2, "questioner", 0)
-    assert recipe.schedule(104) == (4, "solver", 19)
+
+    def at(step):
+        position = recipe.schedule.at(step)
+        return position.iteration, position.role, position.index
+
+    assert at(1) == (1, "questioner", 0)
+    assert at(6) == (1, "questioner", 5)
+    assert at(7) == (1, "solver", 0)
+    assert at(26) == (1, "solver", 19)
+    assert at(27) == (2, "questioner", 0)
+    assert at(104) == (4, "solver", 19)
+    assert [phase["role"] for phase in recipe.schedule.describe()] == ["questioner", "solver"]
 
 
 def test_chat_questions_need_the_last_question_block_and_a_box(random_model_dir):
@@ -199,7 +205,7 @@ def test_solver_init_copies_weights_and_resets_the_optimizer(random_model_dir):
     assert recipe.questioner_trainer.optimizer.state
     with torch.no_grad():
         next(recipe.solver_policy.model.parameters()).add_(1.0)
-    recipe.init_questioner()
+    recipe.start_phase(recipe.schedule.at(5))  # iteration 2's questioner phase starts: Q_2 <- S_1
     assert not recipe.questioner_trainer.optimizer.state
     assert all(torch.equal(a, b) for a, b in zip(recipe.questioner.model.parameters(),
                                                   recipe.solver_policy.model.parameters()))
@@ -207,7 +213,7 @@ def test_solver_init_copies_weights_and_resets_the_optimizer(random_model_dir):
     before = [t.clone() for t in previous.questioner.model.parameters()]
     with torch.no_grad():
         next(previous.solver_policy.model.parameters()).add_(1.0)
-    previous.init_questioner()  # Q_t <- Q_{t-1}: nothing changes
+    previous.start_phase(previous.schedule.at(5))  # Q_t <- Q_{t-1}: nothing changes
     assert all(torch.equal(a, b) for a, b in zip(before, previous.questioner.model.parameters()))
 
 

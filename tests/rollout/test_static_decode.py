@@ -115,11 +115,14 @@ def test_bf16_copy_logprobs_are_within_bf16_rounding_of_the_trainer_and_turn_tis
 def test_the_copy_follows_the_trainers_updates_and_can_be_freed(tokenizer):
     model = gqa_llama(tokenizer)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
-    engine = HFRolloutEngine(model, tokenizer, batch_size=8, dtype=torch.float32, keep_sampler=True)
+    published = [0]  # the weights version a trainer publishes (PolicyTrainer.weights_version)
+    engine = HFRolloutEngine(model, tokenizer, batch_size=8, dtype=torch.float32, keep_sampler=True,
+                             version=lambda: published[0])
     before = [c.token_ids for c in engine.generate(PROMPTS[:8], greedy, seed=0)]
     with torch.no_grad():  # an optimizer step writes the parameters in place
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.5)
+    published[0] += 1  # ... and the trainer publishes the new weights
     after = [c.token_ids for c in engine.generate(PROMPTS[:8], greedy, seed=0)]
     plain = [c.token_ids for c in HFRolloutEngine(model, tokenizer, batch_size=8).generate(PROMPTS[:8], greedy, 0)]
     assert after == plain and after != before

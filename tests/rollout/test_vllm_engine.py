@@ -15,7 +15,7 @@ import torch
 
 from coevolve.models import Policy, load_policy
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings, sequence_logprobs
-from coevolve.rollout import SamplingParams, make_engine, weights_version
+from coevolve.rollout import SamplingParams, make_engine
 from coevolve.rollout.base import PROMPT_SEED_STRIDE
 from coevolve.rollout.hf import HFRolloutEngine
 from coevolve.rollout.vllm_engine import EngineUnavailable, PromptTooLong, VLLMRolloutEngine, VLLMSettings
@@ -32,7 +32,7 @@ def policy_and_engine(vllm_model_dir):
     policy = load_policy(str(vllm_model_dir))
     trainer = PolicyTrainer(policy.model, policy.tokenizer, UpdateSettings(lr=3e-2, micro_batch_size=8))
     engine = VLLMRolloutEngine(policy.model, policy.tokenizer, str(vllm_model_dir), eos_token_ids=policy.eos_token_ids,
-                               settings=SMALL, version=lambda: (trainer.updates_done, weights_version(policy.model)))
+                               settings=SMALL, version=lambda: trainer.weights_version)
     return policy, engine, trainer
 
 

@@ -23,7 +23,7 @@ from coevolve import distributed
 from coevolve.config import SamplingConfig
 from coevolve.models import load_policy
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, UpdateSettings, sequence_logprobs
-from coevolve.rollout import SamplingParams, make_engine, vllm_engine, weights_version
+from coevolve.rollout import SamplingParams, make_engine, vllm_engine
 from coevolve.rollout.weights import hf_state_dict
 
 PROMPTS = ["Q:3+4=?\n", "Q:12*3-4=?\n", "Q:7-2*3=?\n", "W:", "Q:5*5=?\n", "Q:9-1=?\n", "Q:2+2*2=?\n"]
@@ -49,7 +49,7 @@ def check(model_dir: str, tensor_parallel: int, fsdp: bool = False, lora: dict |
                             UpdateSettings(lr=3e-2, micro_batch_size=4, fsdp=fsdp, lora=lora))
     policy.model = trainer.model  # as Recipe.make_trainer does: LoRA wraps the model
     rollout = SamplingConfig(engine="vllm", vllm={"kv_cache_gib": 0.05, "tensor_parallel_size": tensor_parallel})
-    engine = make_engine(policy, rollout, version=lambda: (trainer.updates_done, weights_version(policy.model)),
+    engine = make_engine(policy, rollout, version=lambda: trainer.weights_version,
                          data_parallel=True, sharded=trainer.model if fsdp else None)
     own = engine.inner  # this rank's engine, without the data-parallel wrapper
     shares = engine.generate(PROMPTS, SAMPLING, seed=11)
