@@ -86,7 +86,8 @@ def parse_task(text: str) -> tuple[str | None, str | None]:
         return None, None
     _, q_start, q_end, after = questions[-1]
     question = text[q_start:q_end].strip() or None
-    answer = next((text[a_start:a_end].strip() for _, a_start, a_end, _ in tag_blocks(text[after:], "answer")), None)
+    rest = text[after:]
+    answer = next((rest[a_start:a_end].strip() for _, a_start, a_end, _ in tag_blocks(rest, "answer")), None)
     return question, answer or None
 
 
