@@ -36,7 +36,7 @@ def test_rendered_examples_match_regex_and_parse_as_valid(examples):
         question = " ".join(e.question.split())
         read = {name: FORMATS[name].parse(Completion("", [], [], text, finish_reason="stop"), "chat",
                                           document=e.solution, rules="paper") for name, text in texts.items()}
-        for name in ("r_zero", "pasodoble", "infuser"):
+        for name in ("r_zero", "pasodoble", "infuser", "spice"):
             assert (read[name].question, read[name].answer) == (question, e.answer), name
         assert read["opensir"].valid and read["opensir"].concepts
         assert read["dynamic_rl"].question == question and read["dynamic_rl"].valid
@@ -48,12 +48,12 @@ def test_every_generator_declares_both_worlds_and_the_arith_one_reads_the_writer
     from coevolve.tasks import arith
 
     generators = {name: cls for name, cls in RECIPES.items() if issubclass(cls, GeneratorRecipe)}
-    assert set(generators) == {"r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl"}
+    assert set(generators) == {"r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl", "spice"}
     for name, cls in generators.items():
         assert set(cls.formats) == {"chat", "arith"}, name
         fmt = cls.formats["arith"]
         inputs = {"infuser": {"document": "a=3,b=7"}, "pasodoble": {"document": "a=3,b=7"},
-                  "opensir": {"reference": "1+2"}}.get(name, {})
+                  "spice": {"document": "a=3,b=7"}, "opensir": {"reference": "1+2"}}.get(name, {})
         assert fmt.prompt("compact", **inputs).endswith("W:\n") and fmt.grounded == (name in ("infuser", "pasodoble"))
         assert "a=3,b=7" in fmt.prompt("compact", **inputs) or not fmt.grounded
     assert arith.question_prompt("compact") == RECIPES["r_zero"].formats["arith"].prompt("compact")

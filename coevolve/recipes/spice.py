@@ -32,7 +32,7 @@ from pydantic import Field
 
 from coevolve.config import ConfigError, RunConfig
 from coevolve.documents import DocumentPool, check_document_source, load_documents, tokenizer_counter
-from coevolve.formats import Generation, GeneratorFormat, arith_format, one_line
+from coevolve.formats import Generation, GeneratorFormat, one_line
 from coevolve.grading.extract import braces_balanced, extract_answer, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import PhaseTimer, StepOutput, mean, register, role_metrics, step_seed, train_samples
@@ -91,7 +91,7 @@ def parse_task(text: str) -> tuple[str | None, str | None]:
     return question, answer or None
 
 
-def read_chat_task(output: Completion, style: str, form: Form, **_: Any) -> Generation:
+def read_chat_task(output: Completion, style: str, form: Form = "free_form", **_: Any) -> Generation:
     """A valid task of the asked form: multiple choice with options A-D in the question and a letter as the answer;
     free-form with a short answer whose braces balance."""
     question, answer = parse_task(output.text)
@@ -179,7 +179,9 @@ class Spice(GeneratorRecipe):
             regex=r"<question>[^<>\n]{10,600}</question> <answer>[^<>\n]{1,60}</answer>",
             render=lambda e: f"<question>{one_line(e.question)}</question> <answer>{e.answer}</answer>",
             warmup_inputs=lambda e, examples, rng: {"document": e.solution, "form": "free_form"}),
-        "arith": arith_format(read_arith_task, grounded=True),
+        # the writer prompt over a fact sheet; not ``grounded``: the Reasoner gets the question with the values in
+        "arith": GeneratorFormat(lambda style, document, **_: arith.question_prompt(style, doc=document),
+                                 read_arith_task),
     }
     defaults = {
         "steps": 640, "eval_every": 20,
