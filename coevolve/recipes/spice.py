@@ -128,7 +128,8 @@ class SpiceParams(GeneratorParams):
                              "(else free-form); the arithmetic world has free-form tasks only (0)")
     advantage: Literal["dr_grpo", "grpo"] = Field("dr_grpo", description="both roles' advantages: Dr.GRPO "
                                                   "(paper) or std-scaled GRPO")
-    document_source: str | None = Field(None, description="arith | openstax | proofwiki | a path; default by task")
+    document_source: str | None = Field(None, description="arith | openstax | proofwiki | a path (text files, a "
+                                        "parquet file or dataset folder, #column) | hf:<id>; default by task")
     document_min_tokens: int = Field(200, gt=0, description="shortest chunk of a document, in tokens")
     document_max_tokens: int = Field(2048, gt=0, description="longest chunk of a document, in tokens")
     document_pool_size: int | None = Field(None, gt=0, description="keep a seeded subset of this many chunks")
