@@ -159,3 +159,33 @@ def test_killed_mid_step_resumes_as_the_uninterrupted_run(tmp_path, small_tiny_a
     # the covered-document set is restored: the coverage series matches
     assert ([r["spice/document_coverage"] for r in train_rows(killed)]
             == [r["spice/document_coverage"] for r in train_rows(whole)])
+
+
+def test_multiple_choice_step_in_the_chat_world(tmp_path, random_model_dir, monkeypatch):
+    import coevolve.recipes.spice as spice
+
+    doc = tmp_path / "corpus.txt"
+    doc.write_text("Seven is a prime number.\n\nNine is three squared.\n")
+    recipe = helpers.make_recipe("spice", random_model_dir, "task=math", f"params.document_source={doc}",
+                                 "params.document_min_tokens=1", "params.mcq_share=1.0",
+                                 "params.documents_per_step=2", "params.challenger_samples=2",
+                                 "params.reasoner_samples=4", "rollout.max_new_tokens=6",
+                                 "params.challenger_max_tokens=6")
+    prompts = []
+    generator_prompt = recipe.generator_prompt
+    recipe.generator_prompt = lambda policy, **inputs: prompts.append(inputs) or generator_prompt(policy, **inputs)
+    recipe.read_generation = lambda output, document, form: Generation(f"Which? {document[:5]}", "C")
+    letters = iter("CBCC" "BBBB" "CCCC" "CBBB")  # the Reasoner's letters, task by task
+    monkeypatch.setattr(spice, "extract_answer", lambda text, kind, n: next(letters))
+    out = recipe.step(1)
+    assert [p["form"] for p in prompts] == ["mcq", "mcq"]
+    rows = records(out)
+    gens = [r for r in rows if r["role"] == "generator"]
+    assert [g["solve_rate"] for g in gens] == [0.75, 0.0, 1.0, 0.25]
+    assert [g["reward"] for g in gens] == pytest.approx([math.exp(-0.0625 ** 2 / 0.02), math.exp(-3.125),
+                                                         math.exp(-3.125), math.exp(-0.0625 ** 2 / 0.02)])
+    sols = [r for r in rows if r["role"] == "solver"]
+    assert all(s["prompt"].rstrip().endswith(spice.MCQ_INSTRUCTION.strip()) or spice.MCQ_INSTRUCTION.strip()
+               in s["prompt"] for s in sols)
+    assert not any("prime number" in s["prompt"] for s in sols)  # the Reasoner never sees the document
+    assert out.metrics["spice/mcq_share"] == 1.0 and out.metrics["spice/valid_rate_mcq"] == 1.0
