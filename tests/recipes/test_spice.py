@@ -140,8 +140,8 @@ def test_cli_run_and_resume(tmp_path, random_model_dir):
 
 
 SPICE_RUN = ["run", "spice", "--preset", "small", "--quiet", "--set", "steps=3", "--set", "eval_every=0",
-             "--set", "eval_sets=[]", "--set", "params.documents_per_step=4", "--set", "params.challenger_samples=4",
-             "--set", "params.reasoner_samples=4", "--set", "train.lr=1e-3"]
+             "--set", "eval_sets=[]", "--set", "params.documents_per_step=2", "--set", "params.challenger_samples=4",
+             "--set", "params.reasoner_samples=2", "--set", "train.lr=1e-3"]
 
 
 def test_killed_mid_step_resumes_as_the_uninterrupted_run(tmp_path, small_tiny_arith):
