@@ -11,7 +11,12 @@ Sources of passages (``load_documents``):
 - ``proofwiki``: ProofWiki theorem statements (``corpus_proofwiki/*.json``, one JSON object keyed by id), read with
   ``json``;
 - a path: a ``.txt`` file (paragraphs split at blank lines), a ``.jsonl`` file (its ``text`` field), a ``.json`` file
-  in the ProofWiki layout, a ``.cnxml`` file, or a folder of any of these.
+  in the ProofWiki layout, a ``.cnxml`` file, or a folder of any of these;
+- a data set the ``datasets`` library reads (the format of large corpora such as Nemotron-CC-Math): a ``.parquet``
+  file, a folder of ``.parquet`` files (a downloaded Hugging Face dataset repository), a folder written by
+  ``Dataset.save_to_disk``, or ``hf:<hub id>`` (needs a connection); its ``text`` column, or the one named after a
+  ``#`` (``corpus.parquet#question``). Rows are streamed (parquet) or memory-mapped (``save_to_disk``), and with a
+  pool size (``limit``) the pool is a seeded reservoir sample of the chunks, so a corpus larger than memory works.
 
 Long texts are split into chunks of ``min_tokens``..``max_tokens`` tokens (INFUSER §3.1: paragraph split,
 then sentence split, then comma/semicolon split, then a plain cut; fragments under ``min_tokens`` are dropped);
@@ -33,7 +38,7 @@ import json
 import random
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -277,6 +282,62 @@ def _path_texts(path: Path) -> list[str]:
     return _file_texts(path)
 
 
+def dataset_source(source: str) -> tuple[str, str] | None:
+    """(location, text column) of a source the ``datasets`` library reads (a ``.parquet`` file, a folder of them, a
+    ``save_to_disk`` folder, ``hf:<hub id>``; ``#column`` picks the column, default ``text``); None for another
+    source."""
+    location, _, column = source.partition("#")
+    path = Path(location)
+    if location.startswith("hf:") or (path.is_file() and path.suffix.lower() == ".parquet") or (
+            path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()
+                               or any(path.rglob("*.parquet")))):
+        return location, column or "text"
+    return None
+
+
+def dataset_texts(location: str, column: str) -> Iterator[str]:
+    """The non-empty strings of ``column``, row by row, of a data set (:func:`dataset_source`); DocumentError when
+    it cannot be read or has no such column."""
+    import datasets
+
+    path = Path(location)
+    try:
+        if location.startswith("hf:"):
+            rows = datasets.load_dataset(location[3:], split="train", streaming=True)
+        elif path.is_dir() and not any(path.rglob("*.parquet")):  # save_to_disk: memory-mapped Arrow files
+            rows = datasets.load_from_disk(str(path))
+            if isinstance(rows, datasets.DatasetDict):
+                rows = rows["train"] if "train" in rows else rows[sorted(rows)[0]]
+        else:
+            files = [str(path)] if path.is_file() else sorted(str(f) for f in path.rglob("*.parquet"))
+            rows = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+        if rows.column_names is not None and column not in rows.column_names:
+            raise DocumentError(f"document source {location!r} has no column {column!r} (its columns: "
+                                f"{', '.join(rows.column_names)}); name one after a '#'")
+        for row in rows:
+            value = row.get(column)
+            if isinstance(value, str) and value.strip():
+                yield value
+    except DocumentError:
+        raise
+    except Exception as exc:  # datasets / pyarrow / hub errors: one line naming the source
+        why = " ".join(str(exc).split())[:200]
+        raise DocumentError(f"document source {location!r} cannot be read as a data set "
+                            f"({type(exc).__name__}: {why})") from None
+
+
+def reservoir(items: Iterable[str], n: int, rng: random.Random) -> list[str]:
+    """A uniform sample of ``n`` of ``items`` (all of them when fewer) in their original order, holding at most
+    ``n`` in memory (Algorithm R)."""
+    kept: list[tuple[int, str]] = []
+    for i, item in enumerate(items):
+        if i < n:
+            kept.append((i, item))
+        elif (j := rng.randrange(i + 1)) < n:
+            kept[j] = (i, item)
+    return [item for _, item in sorted(kept)]
+
+
 def load_documents(source: str, *, min_tokens: int = 1, max_tokens: int = 1024, count: TokenCounter = word_count,
                    data_dir: str | None = None, limit: int | None = None, seed: int = 0,
                    arith_levels: Sequence[int] = (1, 2, 3)) -> DocumentPool:
@@ -286,6 +347,12 @@ def load_documents(source: str, *, min_tokens: int = 1, max_tokens: int = 1024, 
     """
     if source == "arith":
         return DocumentPool(arith_fact_sheets(limit or 1000, arith_levels, seed), "arith")
+    if (dataset := dataset_source(source)) is not None:
+        streamed = (c for text in dataset_texts(*dataset) for c in chunk_text(text, min_tokens, max_tokens, count))
+        chunks = reservoir(streamed, limit, random.Random(f"pool/{seed}")) if limit is not None else list(streamed)
+        if not chunks:
+            raise DocumentError(f"document source {source!r} holds no text")
+        return DocumentPool(chunks, source)
     chunks = [c for text in document_texts(source, data_dir) for c in chunk_text(text, min_tokens, max_tokens, count)]
     if limit is not None and limit < len(chunks):
         keep = sorted(random.Random(f"pool/{seed}").sample(range(len(chunks)), limit))
@@ -316,6 +383,10 @@ def check_document_source(source: str, key: str, data_dir: str | None = None) ->
     if source == "arith":
         return
     try:
+        if (dataset := dataset_source(source)) is not None:  # the first text only: the corpus may be large
+            if next(dataset_texts(*dataset), None) is None:
+                raise DocumentError(f"document source {source!r} holds no text")
+            return
         document_texts(source, data_dir)
     except (FileNotFoundError, DocumentError) as exc:
         raise ConfigError(f"config key '{key}': {exc}") from None

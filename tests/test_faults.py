@@ -22,6 +22,7 @@ from coevolve.recipes.dynamic_rl import parse_paper_question
 from coevolve.recipes.infuser import parse_generator_json
 from coevolve.recipes.pasodoble import parse_proposal
 from coevolve.recipes.r_zero import has_think_format, parse_questioner_output
+from coevolve.recipes.spice import parse_task
 from coevolve.rewards.filters import filter_reasons, is_multi_part
 from coevolve.rewards.format import _has_final_phrase, parse_teacher_output, student_format_score
 from coevolve.rewards.label_free import after_think
@@ -50,6 +51,7 @@ PARSERS = {
     "r_zero solver format": (has_think_format, False, "<think>2+3=5</think> \\boxed{5}"),
     "pasodoble proposer": (parse_proposal, (None, None), "<problem>What is 2+3?</problem><answer>\\boxed{5}</answer>"),
     "infuser generator": (parse_generator_json, None, '{"question_text": "What is 2+3?", "ground_truth": "5"}'),
+    "spice challenger": (parse_task, (None, None), "<question>What is 2+3?</question><answer>5</answer>"),
     "azr program proposal": (lambda t: program.read_proposal("deduction", t), "format", "P:5*x\nI:9"),
     "azr program answer": (program.read_tagged, None, "O:45"),
     "azr python proposal": (lambda t: PYTHON.read_proposal("deduction", t), "format",

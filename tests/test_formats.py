@@ -18,7 +18,8 @@ from coevolve.rollout.constrained import RegexConstraint
 from coevolve.rollout.hf import HFRolloutEngine, encode_prompt
 from coevolve.sft import warmup_pairs
 
-RECIPES_SHIPPED = ("r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl")  # generators coevolve ships
+# the generators coevolve ships
+RECIPES_SHIPPED = ("r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl", "spice")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def test_rendered_examples_match_regex_and_parse_as_valid(examples):
         question = " ".join(e.question.split())
         read = {name: FORMATS[name].parse(Completion("", [], [], text, finish_reason="stop"), "chat",
                                           document=e.solution, rules="paper") for name, text in texts.items()}
-        for name in ("r_zero", "pasodoble", "infuser"):
+        for name in ("r_zero", "pasodoble", "infuser", "spice"):
             assert (read[name].question, read[name].answer) == (question, e.answer), name
         assert read["opensir"].valid and read["opensir"].concepts
         assert read["dynamic_rl"].question == question and read["dynamic_rl"].valid
@@ -60,7 +61,8 @@ def test_every_generator_declares_its_worlds_and_the_arith_one_reads_the_writer_
             with pytest.raises(ConfigError):
                 resolve(name, sets=["task=math"])
         fmt = cls.formats["arith"]
-        inputs = {"document": "a=3,b=7"} if fmt.grounded else {"opensir": {"reference": "1+2"}}.get(name, {})
+        inputs = {"document": "a=3,b=7"} if fmt.grounded else {"opensir": {"reference": "1+2"},
+                                                                "spice": {"document": "a=3,b=7"}}.get(name, {})
         assert fmt.prompt("compact", **inputs).endswith("W:\n")
         assert fmt.grounded == (name in ("infuser", "pasodoble")) or name not in RECIPES_SHIPPED, name
         assert "a=3,b=7" in fmt.prompt("compact", **inputs) or not fmt.grounded

@@ -281,6 +281,16 @@ def _substitute(question: str, bindings: dict[str, int]) -> str:
     return "".join(str(bindings[c]) if c in bindings else c for c in question)
 
 
+def self_contained(question: str, doc: str | None) -> str | None:
+    """``question`` with the fact sheet's values written in (a negative one in parentheses), so it can be solved
+    without the sheet; None if it is not a valid question over ``doc``."""
+    parsed = _parse(question, doc)
+    if parsed is None:
+        return None
+    bindings = {name: str(v) if v >= 0 else f"({v})" for name, v in parsed[1].items()}
+    return "".join(bindings.get(c, c) for c in question)
+
+
 def solution_trace(question: str, doc: str | None = None) -> str | None:
     """The step-by-step solution (the ``S:`` line's content) of ``question``; None if invalid.
 

@@ -114,7 +114,7 @@ def test_r_zero_and_prism_presets(recipe, preset):
 
 def test_every_paper_and_code_preset_states_its_step_structure():
     """The one-policy recipes take one whole-batch step (their sources: one update per rollout batch, 1 epoch)."""
-    for recipe in ("grpo", "dynamic_rl", "opensir"):
+    for recipe in ("grpo", "dynamic_rl", "opensir", "spice"):
         for preset in ("paper", "reference_code"):
             if preset in RECIPES[recipe].presets:
                 config, _, _ = resolve(recipe, preset=preset)
