@@ -38,6 +38,8 @@ SETTINGS: dict[str, list[str]] = {
                   "params.solver_steps=2"],
     "prism": TWO_PHASES,
     "r_zero": TWO_PHASES,
+    "spice": ["params.documents_per_step=2", "params.challenger_samples=2", "params.reasoner_samples=2",
+              "params.challenger_max_tokens=8", "params.document_source=arith"],
     "ttrl": ["params.pool_size=8", "params.questions_per_step=2", "params.vote_samples=2", "params.train_samples=2",
              "params.subset=random"],
 }

@@ -142,6 +142,26 @@ def test_stop_strings_and_finish_reasons(policy_and_engine):
             assert len(c.token_ids) == 40
 
 
+def test_loaded_weights_are_picked_up_like_an_update(policy_and_engine, vllm_model_dir):
+    """Prism's SolverInit copies weights in with the trainer's load_weights, which publishes a new version: the engine
+    must reload them too. (Before the tests that start and stop engines of their own: stopping one
+    tears down vLLM's process-wide parallel groups under the module's engine.)"""
+    from transformers import AutoModelForCausalLM
+
+    policy, engine, trainer = policy_and_engine
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
+    engine.generate(PROMPTS, greedy, seed=0)
+    engine.pop_metrics()
+    torch.manual_seed(1)
+    other = AutoModelForCausalLM.from_config(policy.model.config)
+    trainer.load_weights(other.state_dict())
+    got = engine.generate(PROMPTS, greedy, seed=0)
+    assert engine.pop_metrics()["rollout/weight_syncs"] == 1.0
+    want = HFRolloutEngine(policy.model, policy.tokenizer, eos_token_ids=policy.eos_token_ids).generate(
+        PROMPTS, greedy, seed=0)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+
+
 def test_prompt_longer_than_the_context_fails_before_sampling(vllm_model_dir):
     policy = load_policy(str(vllm_model_dir))
     engine = VLLMRolloutEngine(policy.model, policy.tokenizer, str(vllm_model_dir), settings=VLLMSettings(
@@ -226,24 +246,6 @@ def test_smollm2_engine_samples_as_the_trainer_after_a_weight_change(capsys):
         print(f"\nsmollm2-135m, vLLM vs trainer log-probs after a weight change: max |diff| = {gap:.2e}",
               file=sys.stderr)
     assert gap < 1e-3
-
-
-def test_load_state_dict_is_picked_up_like_an_update(policy_and_engine, vllm_model_dir):
-    """Prism's SolverInit copies weights with load_state_dict: the engine must reload them too."""
-    from transformers import AutoModelForCausalLM
-
-    policy, engine, _ = policy_and_engine
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
-    engine.generate(PROMPTS, greedy, seed=0)
-    engine.pop_metrics()
-    torch.manual_seed(1)
-    other = AutoModelForCausalLM.from_config(policy.model.config)
-    policy.model.load_state_dict(other.state_dict())
-    got = engine.generate(PROMPTS, greedy, seed=0)
-    assert engine.pop_metrics()["rollout/weight_syncs"] == 1.0
-    want = HFRolloutEngine(policy.model, policy.tokenizer, eos_token_ids=policy.eos_token_ids).generate(
-        PROMPTS, greedy, seed=0)
-    assert [c.token_ids for c in got] == [c.token_ids for c in want]
 
 
 def test_lora_adapters_are_merged_into_the_pushed_weights(vllm_model_dir):
