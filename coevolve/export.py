@@ -42,7 +42,7 @@ from coevolve.recipes import default_eval_sets
 from coevolve.records import evaluation_table
 from coevolve.run_models import RunCheckpoint, find_checkpoint, load_role
 from coevolve.rundir import LOCK_NAME, RunDirError, locked_folder
-from coevolve.store import CHECKSUMS, STEP_DIR, CheckpointDamaged, RunStore
+from coevolve.store import CHECKSUMS, STEP_DIR, CheckpointDamaged, RunStore, safetensors_os_error
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MANIFEST_FORMAT = 1
@@ -101,7 +101,8 @@ def export_run(run: str | Path, out: str | Path, settings: ExportSettings = Expo
     except RunDirError as exc:  # --out cannot be created or locked, or another export holds it
         raise ExportError(str(exc)) from None
     except (OSError, SafetensorError) as exc:
-        error = _write_error(exc, out)
+        os_error = safetensors_os_error(exc, out) if isinstance(exc, SafetensorError) else exc
+        error = _write_error(os_error, out) if os_error is not None else None
         if error is None:
             raise
         raise error from exc
@@ -120,16 +121,15 @@ def check_shard_size(size: str) -> int:
     return value
 
 
-def _write_error(exc: OSError | SafetensorError, out: Path) -> ExportError | None:
-    """The one line for a write that failed: a full device or a folder that cannot be
-    written; None for anything else (not an input problem: raised as it is)."""
-    text = str(exc)
-    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text or "os error 28" in text:
+def _write_error(exc: OSError, out: Path) -> ExportError | None:
+    """The one line for a write that failed: a full device or a folder that cannot be written; None for anything
+    else (not an input problem: raised as it is)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return ExportError(f"no space left on the device while writing the export to {out}; nothing of it was "
-                              f"left behind: free space and export again")
-    if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return ExportError(f"--out {out}: cannot write {getattr(exc, 'filename', None) or out} "
-                           f"({getattr(exc, 'strerror', exc)}); choose a folder you can write")
+                           f"left behind: free space and export again")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ExportError(f"--out {out}: cannot write {exc.filename or out} ({exc.strerror or exc}); choose a "
+                           f"folder you can write")
     return None
 
 

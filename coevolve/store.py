@@ -298,10 +298,20 @@ def _save_safetensors(path: Path, source: torch.nn.Module | dict[str, torch.Tens
         else:
             save_file(source, str(path))
     except SafetensorError as exc:
-        code = re.search(r"os error (\d+)", str(exc))
-        if code is None:
+        error = safetensors_os_error(exc, path)
+        if error is None:
             raise
-        raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from exc
+        raise error from exc
+
+
+def safetensors_os_error(exc: SafetensorError, path: Path) -> OSError | None:
+    """The OSError a failed safetensors write reports in its text (``... (os error 28)``, or its debug form
+    ``IoError(Os { code: 28, ... })``), named after ``path``; None when it reports none."""
+    found = re.search(r"os error (\d+)|Os \{ code: (\d+)", str(exc))
+    if found is None:
+        return None
+    code = int(found[1] or found[2])
+    return OSError(code, os.strerror(code), str(path))
 
 
 def _check_digests(folder: Path) -> None:
