@@ -105,7 +105,8 @@ SAMPLERS = {  # what each sampling variant runs: (engine dtype, CUDA graphs); "g
 }
 
 
-def bench_sampling(folder: Path, device: torch.device, prompts: int, tokens: int, variant: str) -> dict[str, Any]:
+def bench_sampling(folder: Path, device: torch.device, prompts: int, tokens: int, variant: str,
+                   profile: bool = False) -> dict[str, Any]:
     """Tokens/s of one sampling variant on ``prompts`` x ``tokens`` new tokens, EOS ignored (every row runs to the
     end). ``generate``: transformers' ``model.generate`` on the model cast to bf16, its default dynamic cache;
     ``continuous``: transformers' continuous batching (``model.generate_batch``, paged cache) in bf16."""
@@ -156,14 +157,25 @@ def bench_sampling(folder: Path, device: torch.device, prompts: int, tokens: int
         generated = run(prompts, tokens)
         sync(device)
         calls.append(time.perf_counter() - started)
-    return {"variant": variant, "prompts": prompts, "new_tokens": tokens, "seconds": calls[-1],
-            "first_call_s": calls[0], "tokens_per_s": generated / calls[-1]}
+    result = {"variant": variant, "prompts": prompts, "new_tokens": tokens, "seconds": calls[-1],
+              "first_call_s": calls[0], "tokens_per_s": generated / calls[-1]}
+    if profile:  # where a call's time goes: kernels by device time, and the share of the wall time they fill
+        result["profile"] = device_time(partial(run, prompts, min(tokens, 64)), device)
+    return result
 
 
-TRAINING_VARIANTS: dict[str, dict[str, Any]] = {  # UpdateSettings overrides on top of the GPU defaults
-    "defaults": {},  # micro-batches of 8 sequences, gradient checkpointing, the chunked log-prob head
-    "tokens_16k": {"micro_batch_tokens": 16384},  # passes of up to 16,384 tokens (25 of the 640-token sequences)
-    "tokens_16k_compile": {"micro_batch_tokens": 16384, "compile": True},  # and each decoder layer compiled
+GPU_DEFAULTS = {"micro_batch_tokens": 16384, "fit_memory": True, "gradient_checkpointing": True,
+                "selective_checkpointing": True}  # what a run's trainer gets on CUDA (coevolve.roles.update_settings)
+TRAINING_VARIANTS: dict[str, dict[str, Any]] = {  # UpdateSettings over bf16 autocast; the first is profiled
+    # the GPU default: passes of up to 16,384 tokens, only as many layers checkpointed as the free memory needs
+    "defaults": GPU_DEFAULTS,
+    "defaults_compile": {**GPU_DEFAULTS, "compile": True},  # and each decoder layer compiled
+    "every_layer_checkpointed": {**GPU_DEFAULTS, "selective_checkpointing": False},  # the default until 2026-11-28
+    "every_layer_checkpointed_compile": {**GPU_DEFAULTS, "selective_checkpointing": False, "compile": True},
+    "tokens_8k_no_checkpointing": {"micro_batch_tokens": 8192, "gradient_checkpointing": False},
+    "tokens_8k_no_checkpointing_compile": {"micro_batch_tokens": 8192, "gradient_checkpointing": False,
+                                           "compile": True},
+    "sequences_8": {"gradient_checkpointing": True},  # passes of 8 sequences, every layer checkpointed (the anchor)
 }
 
 
@@ -177,8 +189,7 @@ def bench_training(folder: Path, device: torch.device, sequences: int, prompt_le
 
     policy = load_policy(str(folder), device=str(device))
     model, config = policy.model, policy.model.config
-    settings = {"lr": 1e-6, "micro_batch_size": micro_batch, "dtype": "bf16", "gradient_checkpointing": True,
-                **overrides}
+    settings = {"lr": 1e-6, "micro_batch_size": micro_batch, "dtype": "bf16", **overrides}
     trainer = PolicyTrainer(model, policy.tokenizer, UpdateSettings(**settings))
     gen = torch.Generator().manual_seed(0)
 
@@ -194,7 +205,7 @@ def bench_training(folder: Path, device: torch.device, sequences: int, prompt_le
         torch.cuda.reset_peak_memory_stats(device)
     sync(device)
     started = time.perf_counter()
-    trainer.update(batch(sequences))
+    stats = trainer.update(batch(sequences))
     sync(device)
     seconds = time.perf_counter() - started
     peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
@@ -208,7 +219,9 @@ def bench_training(folder: Path, device: torch.device, sequences: int, prompt_le
               "sequences": sequences, "tokens_per_sequence": prompt_len + completion_len, "micro_batch": micro_batch,
               "parameters": n_params, "seconds": seconds, "tokens_per_s": tokens / seconds,
               "achieved_tflops": achieved, "peak_bf16_tflops": peak, "mfu": achieved / peak if peak else None,
-              "peak_memory_gib": peak_gib, "top_kernels": top}
+              "peak_memory_gib": peak_gib, "pass_tokens": stats.get("pass_tokens"),
+              "checkpointed_layers": stats.get("checkpointed_layers", settings.get("gradient_checkpointing") and
+                                               config.num_hidden_layers or 0), "top_kernels": top}
     del trainer, policy, model
     return result
 
@@ -216,29 +229,39 @@ def bench_training(folder: Path, device: torch.device, sequences: int, prompt_le
 def top_kernels(work: Callable[[], object], device: torch.device, rows: int = 15) -> list[dict[str, Any]]:
     """The kernels (or, on the CPU, operators) that took the most device time in one run of ``work``
     (torch.profiler), with their share of the total."""
+    return device_time(work, device, rows)["top"]
+
+
+def device_time(work: Callable[[], object], device: torch.device, rows: int = 15) -> dict[str, Any]:
+    """One run of ``work`` under torch.profiler: its wall time, the device time of its kernels (on the CPU, of its
+    operators) and their share of the wall time (the rest: launch gaps and host work), and the top kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
+        started = time.perf_counter()
         work()
         sync(device)
+        wall_ms = (time.perf_counter() - started) * 1e3
     cuda = device.type == "cuda"
     attr = "self_device_time_total" if cuda else "self_cpu_time_total"
     kernel = torch.autograd.DeviceType.CUDA
     events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0 and (not cuda or e.device_type == kernel)]
     total = sum(getattr(e, attr) for e in events) or 1.0
     events.sort(key=lambda e: getattr(e, attr), reverse=True)
-    return [{"name": e.key[:90], "ms": getattr(e, attr) / 1e3, "share": getattr(e, attr) / total, "calls": e.count}
-            for e in events[:rows]]
+    top = [{"name": e.key[:90], "ms": getattr(e, attr) / 1e3, "share": getattr(e, attr) / total, "calls": e.count}
+           for e in events[:rows]]
+    return {"wall_ms": wall_ms, "device_ms": total / 1e3, "device_share_of_wall": total / 1e3 / wall_ms, "top": top}
 
 
-def bench_two_role_step(folder: Path, device: torch.device, sizes: dict[str, int], offload: bool) -> dict[str, Any]:
+def bench_two_role_step(folder: Path, device: torch.device, sizes: dict[str, int], offload: bool,
+                        extra: tuple[str, ...] = ()) -> dict[str, Any]:
     from coevolve.recipes import resolve
     from coevolve.recipes.r_zero import Question
 
     sets = [f"model={folder}", "task=arith", "eval_sets=[]", f"device={device.type}", "train.dtype=bf16",
             "train.gradient_checkpointing=true", f"train.offload_idle_role={str(offload).lower()}",
-            "params.questioner_steps=1", "params.solver_steps=1", *(f"{k}={v}" for k, v in sizes.items())]
+            "params.questioner_steps=1", "params.solver_steps=1", *(f"{k}={v}" for k, v in sizes.items()), *extra]
     config, params, cls = resolve("r_zero", sets=sets)
     recipe = cls(config, params)
     # Random weights write no question: read every output as the same one; a sampled answer is one of four values.
@@ -259,7 +282,7 @@ def bench_two_role_step(folder: Path, device: torch.device, sizes: dict[str, int
                        if k.startswith("time/")})
     peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     del recipe
-    return {"sizes": sizes, "offload_idle_role": offload, "steps": steps, "phases_s": phases,
+    return {"sizes": sizes, "offload_idle_role": offload, "sets": list(extra), "steps": steps, "phases_s": phases,
             "peak_gpu_memory_gib": peak_gib}
 
 
@@ -534,8 +557,8 @@ def main() -> None:
                         "fraction, which the memory plans respect): 79 to measure an 80 GB card on a larger one")
     parser.add_argument("--recipes", nargs="+", default=list(PAPER_CUTS), choices=[*PAPER_CUTS, *PHASE_SPECS],
                         help="recipes, in this order; NAME/PHASE runs one phase of a phased recipe alone")
-    parser.add_argument("--set", action="append", default=[], help="--paper-presets: a config override for every "
-                        "recipe (e.g. train.offload_idle_role=true)")
+    parser.add_argument("--set", action="append", default=[], help="a config override for every recipe of "
+                        "--paper-presets and for the two-role step (e.g. train.lora.r=16)")
     args = parser.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -572,19 +595,20 @@ def main() -> None:
     plan: list[tuple[str, Callable[[], dict[str, Any]]]] = []  # in the order they run: the headline figures first
     for shape, folder in folders.items():
         for variant, new in (("bf16_graphs", tokens), ("bf16", tokens), ("fp32", anchor), ("generate", anchor)):
-            plan.append((f"{shape}/sampling/{variant}", partial(bench_sampling, folder, device, prompts, new, variant)))
+            plan.append((f"{shape}/sampling/{variant}", partial(bench_sampling, folder, device, prompts, new, variant,
+                                                                 profile=variant.startswith("bf16"))))
         for variant, overrides in TRAINING_VARIANTS.items():
             if small and overrides.get("compile") and not any("compile" in part for part in args.only):
                 continue  # compiling on the CPU takes minutes (275 s of warm-up here): a smoke leaves it out
             budget = overrides.get("micro_batch_tokens")
             if budget and small:
-                overrides = {**overrides, "micro_batch_tokens": 32}
+                overrides = {**overrides, "micro_batch_tokens": 32 if budget > 8192 else 16}
             plan.append((f"{shape}/training/{variant}", partial(
                 bench_training, folder, device, sequences, prompt_len, completion_len,
                 2 if small else args.micro_batch, profile=variant == "defaults", **overrides)))
         if not args.quick or shape != "0.5b":
             plan.append((f"{shape}/two_role_step", partial(bench_two_role_step, folder, device, step_sizes,
-                                                           args.offload)))
+                                                           args.offload, tuple(args.set))))
     # Last, as it may spend minutes on its own warm-up: transformers' continuous batching on the first size.
     plan.append((f"{shapes[0]}/sampling/continuous",
                  partial(bench_sampling, folders[shapes[0]], device, prompts, anchor, "continuous")))

@@ -193,8 +193,10 @@ class TrainConfig(Strict):
     dtype: Precision = Field(
         "auto", description="bf16: mixed precision (bf16 autocast for forward and backward, fp32 weights and AdamW "
         "state); auto: bf16 on a CUDA device that has it, fp32 otherwise")
-    gradient_checkpointing: bool | None = Field(None, description="recompute activations in the backward pass "
-                                                "(unset: on with CUDA, off on CPU)")
+    gradient_checkpointing: bool | None = Field(None, description="recompute activations in the backward pass: "
+                                                "true, every decoder layer; false, none; unset, off on CPU and on "
+                                                "CUDA only as many layers as the free memory needs at each update "
+                                                "(none when every layer's activations fit a pass)")
     compile: bool = Field(False, description="torch.compile each decoder layer of the trained model (fuses its "
                           "elementwise kernels; the first update compiles)")
     offload_idle_role: bool = Field(False, description="keep only the role that samples or trains on the GPU; the "

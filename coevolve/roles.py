@@ -77,7 +77,8 @@ class RoleRuntime:
             tis_cap=tis_cap(self.config, bf16_sampler=self.bf16(self.config.rollout.dtype), constrained=constrained),
             norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature, dtype="bf16" if self.bf16(train.dtype) else "fp32",
-            gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing)
+            gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing,
+            selective_checkpointing=on_cuda and train.gradient_checkpointing is None)
 
     def make_trainer(self, policy: Policy, settings: UpdateSettings) -> PolicyTrainer:
         """A trainer of ``policy`` (it takes turns on the GPU with the other roles' under ``offload_idle_role``)."""

@@ -12,8 +12,10 @@ from coevolve.memory import (
     CPU_BATCH_SIZE,
     HEADROOM,
     ModelShape,
-    plan_pass_tokens,
+    TrainingPass,
+    layer_activation_bytes,
     plan_sampling_rows,
+    plan_training_pass,
     sampling_bytes,
     training_bytes_per_token,
 )
@@ -66,12 +68,60 @@ def test_a_call_that_fits_whole_is_one_batch_and_nothing_is_below_one_row():
 
 
 def test_training_passes_take_the_cap_or_what_fits():
-    per_token = training_bytes_per_token(QWEN_1_5B, dtype_bytes=2, checkpointing=True)
-    assert per_token < training_bytes_per_token(QWEN_1_5B, dtype_bytes=2, checkpointing=False)
-    assert plan_pass_tokens(80 * GIB, QWEN_1_5B, 16384, dtype_bytes=2, checkpointing=True) == 16384
-    small = plan_pass_tokens(GIB, QWEN_1_5B, 16384, dtype_bytes=2, checkpointing=True)
-    assert small == int(HEADROOM * GIB) // per_token < 16384
-    assert plan_pass_tokens(0, QWEN_1_5B, 16384, dtype_bytes=2, checkpointing=True) == 1
+    every = training_bytes_per_token(QWEN_1_5B, dtype_bytes=2, checkpointed_layers=28)
+    assert every < training_bytes_per_token(QWEN_1_5B, dtype_bytes=2, checkpointed_layers=0)
+    assert plan_training_pass(80 * GIB, QWEN_1_5B, 16384, dtype_bytes=2, checkpointing=True) == TrainingPass(16384, 28)
+    small = plan_training_pass(GIB, QWEN_1_5B, 16384, dtype_bytes=2, checkpointing=True)
+    assert small == TrainingPass(int(HEADROOM * GIB) // every, 28) and small.tokens < 16384
+    assert plan_training_pass(0, QWEN_1_5B, 16384, dtype_bytes=2, checkpointing=True).tokens == 1
+    unchecked = plan_training_pass(GIB, QWEN_1_5B, 16384, dtype_bytes=2, checkpointing=False)
+    assert unchecked.checkpointed_layers == 0 and unchecked.tokens < small.tokens
+
+
+def test_selective_checkpointing_recomputes_the_fewest_layers_that_fit_a_full_pass():
+    def plan(free_gib: float) -> TrainingPass:
+        return plan_training_pass(int(free_gib * GIB), QWEN_1_5B, 16384, dtype_bytes=2, checkpointing=True,
+                                  selective=True)
+
+    def need_gib(layers: int) -> float:
+        return 16384 * training_bytes_per_token(QWEN_1_5B, dtype_bytes=2, checkpointed_layers=layers) / HEADROOM / GIB
+
+    assert plan(80) == TrainingPass(16384, 0)  # 1.5B: about 52 GiB of activations for 16,384 tokens, none recomputed
+    assert 50 < need_gib(0) * HEADROOM < 55
+    middle = plan(need_gib(0) / 2)
+    assert 0 < middle.checkpointed_layers < 28 and middle.tokens == 16384
+    assert need_gib(middle.checkpointed_layers) <= need_gib(0) / 2 < need_gib(middle.checkpointed_layers - 1)
+    assert plan(1) == plan_training_pass(GIB, QWEN_1_5B, 16384, dtype_bytes=2, checkpointing=True)  # all, fewer tokens
+
+
+@pytest.mark.parametrize("autocast", [True, False])
+def test_a_decoder_layer_keeps_the_activation_bytes_the_plan_counts(autocast):
+    """The per-layer figure against what autograd saves: the saved tensors of a 4-layer minus a 2-layer Qwen2, per
+    token (a prime length, so that no weight's bf16 copy is counted as an activation)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokens = 257
+
+    def saved_bytes(layers: int) -> int:
+        config = Qwen2Config(hidden_size=128, intermediate_size=704, num_hidden_layers=layers, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=300, attn_implementation="sdpa")
+        model = Qwen2ForCausalLM(config).train()
+        storages: dict[int, int] = {}
+
+        def keep(tensor: torch.Tensor) -> torch.Tensor:
+            if tensor.numel() % tokens == 0:
+                storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                hidden = model.model(input_ids=torch.randint(0, 300, (1, tokens))).last_hidden_state
+        del hidden
+        return sum(storages.values())
+
+    per_layer = (saved_bytes(4) - saved_bytes(2)) / 2 / tokens
+    shape = ModelShape(layers=4, hidden=128, intermediate=704, heads=4, kv_heads=2, head_dim=32, vocab=300)
+    assert per_layer == pytest.approx(layer_activation_bytes(shape, 2 if autocast else 4), rel=0.02)
 
 
 def test_rollout_batch_size_is_auto_or_a_positive_number():
@@ -130,7 +180,8 @@ def test_a_planned_batch_samples_as_that_fixed_batch_and_halves_on_out_of_memory
 
 
 def test_planned_training_passes_give_the_same_update(random_policy, monkeypatch):
-    """A budget lowered by the plan cuts the batch into more passes; the update is the same up to float error."""
+    """A budget lowered by the plan cuts the batch into more passes; the update is the same up to float error. The
+    free memory first pays for what the update allocates itself (fp32: gradients and AdamW's two moments)."""
     import copy
 
     import coevolve.rl.trainer as trainer_module
@@ -140,8 +191,10 @@ def test_planned_training_passes_give_the_same_update(random_policy, monkeypatch
     prompts = [torch.randint(5, 40, (6,), generator=gen).tolist() for _ in range(8)]
     samples = random_samples(prompts, [10] * 8, rollout_logprob=-3.0, advantages=(1.0, -1.0))
     shape = ModelShape.of(random_policy.model.config)
-    per_token = training_bytes_per_token(shape, dtype_bytes=4, checkpointing=False)
-    monkeypatch.setattr(trainer_module, "free_device_memory", lambda device: int(40 * per_token / HEADROOM) + 1)
+    per_token = training_bytes_per_token(shape, dtype_bytes=4, checkpointed_layers=0)
+    state = 3 * sum(4 * p.numel() for p in random_policy.model.parameters())
+    monkeypatch.setattr(trainer_module, "free_device_memory",
+                        lambda device: state + int(40 * per_token / HEADROOM) + 1)
     results = {}
     for fit in (False, True):
         model = copy.deepcopy(random_policy.model)
@@ -152,3 +205,42 @@ def test_planned_training_passes_give_the_same_update(random_policy, monkeypatch
     assert results[True][0]["pass_tokens"] == 40
     assert results[True][0]["loss"] == pytest.approx(results[False][0]["loss"], abs=1e-6)
     torch.testing.assert_close(results[True][1], results[False][1], atol=1e-6, rtol=1e-5)
+
+
+def test_selective_checkpointing_recomputes_the_planned_layers_and_updates_alike(random_policy, monkeypatch):
+    """Memory for a full pass with three of six layers checkpointed: those recompute, the others keep their
+    activations, and the update equals the update with every layer checkpointed and with none."""
+    import copy
+
+    from transformers import LlamaForCausalLM
+
+    import coevolve.rl.trainer as trainer_module
+    from coevolve.rl.compiled_layers import decoder_layers
+    from coevolve.rl.trainer import PolicyTrainer, UpdateSettings
+
+    torch.manual_seed(0)
+    six_layers = LlamaForCausalLM(random_policy.model.config.__class__(
+        **{**random_policy.model.config.to_dict(), "num_hidden_layers": 6})).eval()
+
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, 40, (6,), generator=gen).tolist() for _ in range(8)]
+    samples = random_samples(prompts, [10] * 8, rollout_logprob=-3.0, advantages=(1.0, -1.0))
+    shape = ModelShape.of(six_layers.config)
+    three = training_bytes_per_token(shape, dtype_bytes=4, checkpointed_layers=3)
+    state = 3 * sum(4 * p.numel() for p in six_layers.parameters())
+    monkeypatch.setattr(trainer_module, "free_device_memory", lambda device: state + int(128 * three / HEADROOM) + 1)
+    results = {}
+    for name, selective, checkpointing in (("selective", True, True), ("every", False, True), ("none", False, False)):
+        model = copy.deepcopy(six_layers)
+        settings = UpdateSettings(lr=1e-3, micro_batch_tokens=128, fit_memory=name == "selective",
+                                  gradient_checkpointing=checkpointing, selective_checkpointing=selective)
+        trainer = PolicyTrainer(model, random_policy.tokenizer, settings)
+        stats = trainer.update(samples)
+        results[name] = stats, torch.cat([p.detach().flatten() for p in model.parameters()])
+        if name == "selective":
+            assert [layer.gradient_checkpointing for layer in decoder_layers(model)] == [True] * 3 + [False] * 3
+            assert stats["checkpointed_layers"] == trainer.checkpointed_layers == 3
+            assert stats["pass_tokens"] == 128
+    for name in ("every", "none"):
+        assert results["selective"][0]["loss"] == pytest.approx(results[name][0]["loss"], abs=1e-6)
+        torch.testing.assert_close(results["selective"][1], results[name][1], atol=1e-6, rtol=1e-5)

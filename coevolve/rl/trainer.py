@@ -18,10 +18,10 @@ import torch
 
 from coevolve import distributed
 from coevolve.config import KlReference, LossAgg, LrSchedule, OptimizerReset, RoleSettings, TrainConfig
-from coevolve.memory import ModelShape, free_device_memory, plan_pass_tokens
+from coevolve.memory import ModelShape, free_device_memory, plan_training_pass
 from coevolve.padding import left_pad, position_ids_from_mask
 from coevolve.rl import logprob_head
-from coevolve.rl.compiled_layers import compile_decoder_layers
+from coevolve.rl.compiled_layers import compile_decoder_layers, decoder_layers
 from coevolve.rl.losses import policy_loss
 from coevolve.rl.residency import Residency
 
@@ -76,6 +76,7 @@ class UpdateSettings:
     lora: dict | None = None  # peft LoraConfig kwargs, e.g. {"r": 8, "lora_alpha": 16}
     dtype: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast for forward and backward; fp32 weights and AdamW state
     gradient_checkpointing: bool = False
+    selective_checkpointing: bool = False  # with fit_memory: only as many layers as the free memory needs
     compile: bool = False  # torch.compile each decoder layer (coevolve.rl.compiled_layers)
     fsdp: bool = False  # shard weights, gradients and AdamW state over the ranks (coevolve.distributed.shard_model)
     lr_schedule: LrSchedule = "constant"  # over a phase's steps: :func:`phase_lr_factor`
@@ -481,18 +482,48 @@ class PolicyTrainer:
         result.update(optimizer_steps=steps, skipped_steps=skipped)
         if st.fit_memory and st.micro_batch_tokens:
             result["pass_tokens"] = st.micro_batch_tokens
+            if st.gradient_checkpointing:
+                result["checkpointed_layers"] = self.checkpointed_layers
         return result
 
     def _fit_passes(self) -> UpdateSettings:
         """The settings of this update: with ``fit_memory`` on CUDA, ``micro_batch_tokens`` (the configured budget)
-        lowered to the tokens a pass can take in the free device memory (:func:`coevolve.memory.plan_pass_tokens`)."""
+        lowered to the tokens a pass can take in the free device memory, and with ``selective_checkpointing`` only as
+        many decoder layers checkpointed as that needs (:func:`coevolve.memory.plan_training_pass`); the memory the
+        update itself will take first (gradients, AdamW state, autocast's bf16 weight copies) is not free for it."""
         st = self.configured
         free = free_device_memory(self.device) if st.fit_memory and st.micro_batch_tokens else None
         if free is None or st.micro_batch_tokens is None:
             return st
-        tokens = plan_pass_tokens(free, ModelShape.of(self.model.config), st.micro_batch_tokens,
-                                  dtype_bytes=2 if st.dtype == "bf16" else 4, checkpointing=st.gradient_checkpointing)
-        return replace(st, micro_batch_tokens=tokens)
+        layers = decoder_layers(self.model)
+        selective = st.selective_checkpointing and layers is not None and all(
+            hasattr(layer, "gradient_checkpointing") for layer in layers)
+        plan = plan_training_pass(free - self._update_state_bytes(), ModelShape.of(self.model.config),
+                                  st.micro_batch_tokens, dtype_bytes=2 if st.dtype == "bf16" else 4,
+                                  checkpointing=st.gradient_checkpointing, selective=selective)
+        if selective and layers is not None:
+            for index, layer in enumerate(layers):  # transformers' GradientCheckpointingLayer reads its flag per call
+                layer.gradient_checkpointing = index < plan.checkpointed_layers
+        return replace(st, micro_batch_tokens=plan.tokens)
+
+    @property
+    def checkpointed_layers(self) -> int:
+        """Decoder layers that recompute their activations in the backward pass."""
+        if not self.settings.gradient_checkpointing:
+            return 0
+        layers = decoder_layers(self.model) or []
+        return sum(bool(getattr(layer, "gradient_checkpointing", True)) for layer in layers)
+
+    def _update_state_bytes(self) -> int:
+        """Device bytes an update allocates beyond its activations that are not allocated now: the gradients, the
+        AdamW moments before the first step, and under bf16 autocast the cached bf16 copies of the trained weights."""
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        missing = sum(p.numel() * p.element_size() for p in trained if p.grad is None)
+        if not self.optimizer.state:
+            missing += sum(2 * p.numel() * p.element_size() for p in trained)
+        if self.settings.dtype == "bf16":
+            missing += sum(2 * p.numel() for p in trained if p.dtype == torch.float32)
+        return missing
 
     def _optimizer_step(self, samples, indices, old, ref, rollout, width) -> dict[str, float] | None:
         """One AdamW step on the mini-batch ``indices``. With several processes each rank takes its share of the
