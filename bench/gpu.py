@@ -7,8 +7,9 @@ only. For each size it measures
 
 - sampling: ``HFRolloutEngine.generate`` (the HF engine, fp32 weights as a recipe trains them) on B prompts x T new
   tokens, EOS ignored so every sequence is exactly T tokens (default 256 x 512);
-- training: one ``PolicyTrainer.update`` (bf16 autocast, fp32 master weights and AdamW state, gradient
-  checkpointing) on N sequences of P prompt + C completion tokens; tokens/s and model FLOP utilisation, counting
+- training: one ``PolicyTrainer.update`` (bf16 autocast, fp32 master weights and AdamW state; the trainer's GPU
+  defaults and the candidate variants of ``TRAINING_VARIANTS``) on N sequences of P prompt + C completion tokens;
+  tokens/s and model FLOP utilisation, counting
   6 x parameters + 6 x layers x hidden x sequence length FLOPs per token (causal attention) against the GPU's
   dense bf16 peak;
 - a two-role step: ``r_zero`` with both roles' models, optimizers and samplers colocated on the one GPU (bf16,
