@@ -65,6 +65,37 @@ def scripted_gpt2(tokenizer, text: str, width: int, layers: int):
     return model
 
 
+def prefill_seconds(model, tokenizer, text: str, rows: int, device: str) -> dict[str, float]:
+    """What the re-prefill of each turn costs against continuing from the KV cache, for ``rows`` episodes of the
+    script ``text``: at every turn after the first, one forward pass over the prompt and the whole episode so far
+    (what ``EpisodeEngine`` does through the engine's ``generate``) against one forward pass over only the
+    observation's tokens with the cache of everything before it (what a continuation would run; it would keep the
+    cache it decoded, so building that cache is not counted)."""
+    from transformers import DynamicCache
+
+    ids = tokenizer(PROMPT + text, add_special_tokens=True)["input_ids"]
+    prompt_len = len(tokenizer(PROMPT, add_special_tokens=True)["input_ids"])
+    bounds, start = [], 0  # (observation start, observation end) in token positions of ids, per call
+    while (at := text.find("```output", start)) >= 0:
+        obs = observation(ToolResult("42", "ok"))
+        first = prompt_len + len(tokenizer(text[:at + len("```output")], add_special_tokens=False)["input_ids"])
+        bounds.append((first, first + len(tokenizer(obs, add_special_tokens=False)["input_ids"])))
+        start = at + 1
+    batch = torch.tensor([ids] * rows, device=device)
+    reprefill = continuation = 0.0
+    with torch.no_grad():
+        for first, last in bounds:
+            started = time.perf_counter()
+            model(batch[:, :last])
+            reprefill += time.perf_counter() - started
+            cache = DynamicCache()
+            model(batch[:, :first], past_key_values=cache, use_cache=True)
+            started = time.perf_counter()
+            model(batch[:, first:last], past_key_values=cache, use_cache=True)
+            continuation += time.perf_counter() - started
+    return {"reprefill_s": reprefill, "continuation_s": continuation}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=64)
@@ -103,6 +134,9 @@ def main() -> None:
     if any(c.text != text or c.tool_calls != args.calls for c in got) or any(c.text != text for c in single):
         raise SystemExit("the scripted model did not write its script: the benchmark measured something else")
     episode_s, tool_s, single_s = episode_s[1:], tool_s[1:], single_s[1:]
+    prefill = [prefill_seconds(model, tokenizer, text, args.episodes, device) for _ in range(args.repeats)]
+    reprefill_s = statistics.median(p["reprefill_s"] for p in prefill)
+    continuation_s = statistics.median(p["continuation_s"] for p in prefill)
     tokens = args.episodes * (len(text) + 1)
     results = {"device": device, "episodes": args.episodes, "calls_per_episode": args.calls, "width": args.width,
                "layers": args.layers, "workers": workers, "tokens_per_episode": len(text) + 1,
@@ -110,7 +144,10 @@ def main() -> None:
                "episodes_per_second": args.episodes / statistics.median(episode_s),
                "tool_share": statistics.median(t / e for t, e in zip(tool_s, episode_s)),
                "episode_over_single_turn": statistics.median(episode_s) / statistics.median(single_s),
-               "single_turn_tokens_per_second": tokens / statistics.median(single_s)}
+               "single_turn_tokens_per_second": tokens / statistics.median(single_s),
+               "reprefill_seconds": reprefill_s, "continuation_seconds": continuation_s,
+               "reprefill_share": reprefill_s / statistics.median(episode_s),
+               "continuation_would_save_share": (reprefill_s - continuation_s) / statistics.median(episode_s)}
     machine["load_avg_end"] = list(os.getloadavg())
     write_json(args.out, {**run_header(), "machine": machine, **results})
     print(f"{args.episodes} episodes x {args.calls} calls, {len(text) + 1} tokens each, GPT-2 {args.width}x"
@@ -119,6 +156,9 @@ def main() -> None:
     print(f"share of time in the tool      {results['tool_share']:.1%}")
     print(f"episode time / single-turn     {results['episode_over_single_turn']:.2f}x "
           f"(single turn: {results['single_turn_tokens_per_second']:.0f} tokens/s)")
+    print(f"re-prefills of the turns        {reprefill_s:.3f} s ({results['reprefill_share']:.1%} of an episode batch);"
+          f" continuing from the KV cache instead: {continuation_s:.3f} s, saving at most "
+          f"{results['continuation_would_save_share']:.1%}")
     print(f"load average {machine['load_avg_1_5_15'][0]:.2f} at start, {machine['load_avg_end'][0]:.2f} at end; "
           f"wrote {os.path.relpath(args.out)}")
 
