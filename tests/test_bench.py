@@ -96,3 +96,20 @@ def test_vllm_engine_quick(tmp_path: Path) -> None:
     _needs("vllm", "vllm")
     run_bench("vllm_engine.py", "--quick", "--out", tmp_path / "v.json")
     assert (tmp_path / "v.json").exists()
+
+
+def test_episodes_quick(tmp_path: Path) -> None:
+    problem = sandbox_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    run_bench("episodes.py", "--quick", "--out", tmp_path / "ep.json")
+    result = json.loads((tmp_path / "ep.json").read_text())
+    assert result["episodes_per_second"] > 0 and 0 <= result["tool_share"] < 1
+    assert 0 < result["continuation_seconds"] and 0 < result["reprefill_seconds"]
+
+
+def test_every_bench_script_has_a_smoke_test() -> None:
+    """A new script in bench/ gets its smoke run here (speed.py is also the others' shared module)."""
+    source = Path(__file__).read_text()
+    scripts = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
+    assert [s for s in scripts if f'run_bench("{s}"' not in source] == []
