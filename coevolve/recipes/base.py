@@ -277,14 +277,15 @@ class Recipe:
                      params: SamplingParams | None = None) -> list[tuple[list[Completion], list[str | None]]]:
         """``n`` solver rollouts per prompt (:meth:`sample_groups`, ``params`` unset: the solver's training sampling;
         tool-using episodes with ``rollout.tools``)
-        with the answer each gives, parsed by the run's task (``self.task``) in ``policy``'s prompt style: one
-        (completions, answers) pair per prompt."""
+        with the answer each gives, parsed by the run's task (``self.task``) in ``policy``'s prompt style from the
+        text the model wrote (an episode's tool observations are never read as its answer): one (completions,
+        answers) pair per prompt."""
         task = self.task
         if task is None:
             raise ValueError(f"{self.name}: the {self.config.task} world has no registry task to parse answers")
         sample = self.episode_groups if self.config.rollout.tools else self.sample_groups
         groups = sample(policy, prompts, n, seed, params)
-        return [(group, [task.parse_answer(c.text, policy.prompt_style) for c in group]) for group in groups]
+        return [(group, [task.parse_answer(c.written_text, policy.prompt_style) for c in group]) for group in groups]
 
 
 def _groups(engine: RolloutEngine, prompts: Sequence[str], group_size: int, seed: int,

@@ -50,6 +50,7 @@ from coevolve.recipes.base import (
     register,
     role_metrics,
     step_seed,
+    tool_use,
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
@@ -385,7 +386,8 @@ class RZero(GeneratorRecipe):
             metrics.update({"solver/reward_mean": mean(rewards), "reward/agree": mean(
                 [x["agree"] for g in terms for x in g]), "tokens/solver": sum(len(c.token_ids) for c in completions),
                 "solver/none_rate": mean([float(a is None) for g in answers for a in g]),
-                "solver/advantage_abs_mean": mean([abs(float(a)) for a in advantages])})
+                "solver/advantage_abs_mean": mean([abs(float(a)) for a in advantages]),
+                **tool_use(self.config, completions, [x["agree"] > 0 for g in terms for x in g])})
         metrics.update({"pool/size": len(self.pool), **role_metrics("solver", stats), **timer})
         return StepOutput(metrics=metrics, samples=samples)
 
@@ -424,7 +426,7 @@ class RZero(GeneratorRecipe):
     def solver_terms(self, completion: Completion, answer: str | None, label: str) -> dict[str, float]:
         """Agreement with the majority label, and the code's <think>..</think>..\\boxed{} format."""
         agree = self.task.answers_agree(answer, label)
-        return {"agree": float(agree), "format": float(has_think_format(completion.text))}
+        return {"agree": float(agree), "format": float(has_think_format(completion.written_text))}
 
     # --- shared pieces ----------------------------------------------------------------------------
     def read_question(self, output: Completion) -> Question:
