@@ -302,10 +302,12 @@ def tool_use(config: RunConfig, completions: Sequence[Completion], correct: Sequ
     return {"tool/correct_used_tool": mean([float(c.tool_calls > 0) for c, ok in zip(completions, correct) if ok])}
 
 
-def train_samples(completions: Sequence[Completion], advantages: Sequence[float]) -> list[TrainSample]:
-    """Pair each completion with its advantage for the policy update."""
-    return [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float(a), c.tool_mask)
-            for c, a in zip(completions, advantages)]
+def train_samples(completions: Sequence[Completion], advantages: Sequence[float],
+                  clip_highs: Sequence[float] | None = None) -> list[TrainSample]:
+    """Pair each completion with its advantage (and, for ADPO, its own upper clip range) for the policy update."""
+    highs = clip_highs if clip_highs is not None else [None] * len(completions)
+    return [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float(a), c.tool_mask, high)
+            for c, a, high in zip(completions, advantages, highs)]
 
 
 def mean(values: Sequence[float]) -> float:
