@@ -312,7 +312,8 @@ def test_a_per_sequence_upper_clip_bound_adpo():
     from coevolve.rl.losses import ambiguity_clip_high
 
     logp = (OLD + torch.log(RATIOS)).requires_grad_(True)
-    loss, stats = policy_loss(logp, OLD, ADV, MASK, clip_low=0.2, clip_high=torch.tensor([0.3, 0.2], dtype=torch.float64))
+    highs = torch.tensor([0.3, 0.2], dtype=torch.float64)
+    loss, stats = policy_loss(logp, OLD, ADV, MASK, clip_low=0.2, clip_high=highs)
     assert loss.item() == pytest.approx((-(1 + 1.3 + 0.7) / 3 + 2.1 / 2) / 2)
     assert stats["clip_frac_high"] == pytest.approx(1 / 5)  # 1.5 > 1.3 with A > 0: still clipped
     same, _ = policy_loss(logp, OLD, ADV, MASK, clip_low=0.2, clip_high=torch.tensor([0.2, 0.2], dtype=torch.float64))
