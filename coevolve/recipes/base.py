@@ -274,16 +274,17 @@ class Recipe:
         return _groups(engine, prompts, group_size, seed, params or self.solver_sampling)
 
     def solve_groups(self, policy: Policy, prompts: Sequence[str], n: int, seed: int,
-                     params: SamplingParams | None = None) -> list[tuple[list[Completion], list[str | None]]]:
+                     params: SamplingParams | None = None, tools: bool = True,
+                     ) -> list[tuple[list[Completion], list[str | None]]]:
         """``n`` solver rollouts per prompt (:meth:`sample_groups`, ``params`` unset: the solver's training sampling;
-        tool-using episodes with ``rollout.tools``)
+        tool-using episodes with ``rollout.tools`` unless ``tools`` is false)
         with the answer each gives, parsed by the run's task (``self.task``) in ``policy``'s prompt style from the
         text the model wrote (an episode's tool observations are never read as its answer): one (completions,
         answers) pair per prompt."""
         task = self.task
         if task is None:
             raise ValueError(f"{self.name}: the {self.config.task} world has no registry task to parse answers")
-        sample = self.episode_groups if self.config.rollout.tools else self.sample_groups
+        sample = self.episode_groups if self.config.rollout.tools and tools else self.sample_groups
         groups = sample(policy, prompts, n, seed, params)
         return [(group, [task.parse_answer(c.written_text, policy.prompt_style) for c in group]) for group in groups]
 
