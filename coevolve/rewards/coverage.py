@@ -62,7 +62,7 @@ class CoverageCounts:
         if k < 1 or not 0.0 < gamma < 1.0 or alpha <= 0:
             raise ValueError(f"need k >= 1, 0 < gamma < 1 and alpha > 0, got {k}, {gamma}, {alpha}")
         self.gamma, self.alpha = gamma, alpha
-        self.counts = np.full(k, alpha, dtype=np.float64)
+        self.counts: np.ndarray = np.full(k, alpha, dtype=np.float64)
         self.updates = 0  # batches that changed the counts
 
     def rarity(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
