@@ -14,9 +14,11 @@ these, so no question reaches the solver. Three switchable helps, all off by def
 
 Each recipe declares its :class:`GeneratorFormat` per task world in its own file (``formats``): ``chat`` for the chat
 tasks (``math`` and the document variants), where the help applies, and ``arith`` for the arithmetic world, whose
-writer format tiny-arith is pretrained on (:func:`arith_format`). A format's prompt and parser take the prompt style
-and keyword inputs (``document=``, ``reference=``, ``rules=``: whatever the recipe's generator reads), and the parser
-returns a :class:`Generation`. :class:`FormatWatch` warns when none of a generator's outputs parse for several steps.
+writer format tiny-arith is pretrained on (:func:`arith_format`, :func:`grounded_arith_format`). A format's prompt and
+parser take the prompt style and keyword inputs (``document=``, ``reference=``, ``rules=``: whatever the recipe's
+generator reads), typed by protocols with exactly those keywords (:class:`PromptBuilder`,
+:class:`DocumentPromptBuilder`, ...), and the parser returns a :class:`Generation`. :class:`FormatWatch` warns when
+none of a generator's outputs parse for several steps.
 """
 
 from __future__ import annotations
