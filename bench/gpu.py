@@ -40,6 +40,7 @@ import string
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -372,7 +373,7 @@ def stand_in_reading(recipe) -> None:
     def value(text: str) -> str:
         return str(sum(map(ord, text)) % 4)
 
-    def read_generation(output, **_: Any) -> Generation:
+    def read_generation(output, style: str, **_: Any) -> Generation:
         answer = value(output.text)
         return Generation(f"What is {answer} + 0?", answer, ("arithmetic",), 1.0)
 
@@ -381,8 +382,8 @@ def stand_in_reading(recipe) -> None:
 
     recipe.task.parse_answer = lambda text, style: value(text)
     recipe.task.is_correct = is_correct
-    if hasattr(recipe, "read_generation"):
-        recipe.read_generation = read_generation
+    if hasattr(recipe, "generator_format"):
+        recipe.generator_format = replace(recipe.generator_format, parse=read_generation)
 
 
 def stand_in_programs(recipe) -> None:

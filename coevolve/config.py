@@ -16,7 +16,7 @@ import reprlib
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
@@ -371,8 +371,11 @@ def _first_error(exc: ValidationError, prefix: str = "", renamed: Mapping[str, s
     return f"config key '{key}': {err['msg'].removeprefix('Value error, ')} (got {_SHORT.repr(err.get('input'))})"
 
 
-def validate(raw: Mapping[str, Any], params_model: type[BaseModel],
-             renamed: Mapping[str, str] | None = None) -> tuple[RunConfig, BaseModel]:
+ParamsModel = TypeVar("ParamsModel", bound=BaseModel)
+
+
+def validate(raw: Mapping[str, Any], params_model: type[ParamsModel],
+             renamed: Mapping[str, str] | None = None) -> tuple[RunConfig, ParamsModel]:
     """Validate a merged config and its recipe ``params`` section; raise ConfigError on the first problem (a params
     key in ``renamed`` is named with where it went)."""
     try:

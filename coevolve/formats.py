@@ -14,9 +14,11 @@ these, so no question reaches the solver. Three switchable helps, all off by def
 
 Each recipe declares its :class:`GeneratorFormat` per task world in its own file (``formats``): ``chat`` for the chat
 tasks (``math`` and the document variants), where the help applies, and ``arith`` for the arithmetic world, whose
-writer format tiny-arith is pretrained on (:func:`arith_format`). A format's prompt and parser take the prompt style
-and keyword inputs (``document=``, ``reference=``, ``rules=``: whatever the recipe's generator reads), and the parser
-returns a :class:`Generation`. :class:`FormatWatch` warns when none of a generator's outputs parse for several steps.
+writer format tiny-arith is pretrained on (:func:`arith_format`, :func:`grounded_arith_format`). A format's prompt and
+parser take the prompt style and keyword inputs (``document=``, ``reference=``, ``rules=``: whatever the recipe's
+generator reads), typed by protocols with exactly those keywords (:class:`PromptBuilder`,
+:class:`DocumentPromptBuilder`, ...), and the parser returns a :class:`Generation`. :class:`FormatWatch` warns when
+none of a generator's outputs parse for several steps.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from coevolve.data.benchmarks import _raw_rows, get_benchmark
 from coevolve.rollout.base import Completion
@@ -91,33 +93,54 @@ class Generation:
 
 
 class PromptBuilder(Protocol):
-    """A format's user message: ``prompt(style, **inputs)`` for the prompt style and the recipe's keyword inputs
-    (``document=``, ``reference=``, ...; a builder takes the ones it needs and ignores the rest with ``**_``)."""
+    """The user message of a generator that reads nothing but its instructions: ``prompt(style)`` for the prompt
+    style (R-Zero, Prism, Dynamic-RL)."""
 
-    def __call__(self, style: str, **inputs: Any) -> str: ...
+    def __call__(self, style: str, /) -> str: ...
 
 
 class OutputParser(Protocol):
-    """A format's reading of one generator output: ``parse(output, style, **inputs)`` for the completion (with its
-    finish reason), the prompt style and the recipe's keyword inputs."""
+    """The reading of one output of a generator that reads nothing but its instructions: ``parse(output, style)``
+    for the completion (with its finish reason) and the prompt style."""
 
-    def __call__(self, output: Completion, style: str, **inputs: Any) -> Generation: ...
+    def __call__(self, output: Completion, style: str, /) -> Generation: ...
+
+
+class DocumentPromptBuilder(Protocol):
+    """The user message of a generator that writes over a document (INFUSER, PasoDoble): ``prompt(style,
+    document=...)``; None where the run has none (PasoDoble without a knowledge source)."""
+
+    def __call__(self, style: str, /, *, document: str | None) -> str: ...
+
+
+class DocumentOutputParser(Protocol):
+    """The reading of one output of a generator that wrote over ``document``."""
+
+    def __call__(self, output: Completion, style: str, /, *, document: str | None) -> Generation: ...
+
+
+# A format's prompt builder and output parser, typed by the keyword inputs its recipe calls them with (the protocols
+# above, or a recipe's own): a builder that wants another keyword is a type error where the recipe declares it.
+PromptT = TypeVar("PromptT", bound=Callable[..., str], covariant=True)
+ParserT = TypeVar("ParserT", bound=Callable[..., Generation], covariant=True)
 
 
 @dataclass(frozen=True)
-class GeneratorFormat:
+class GeneratorFormat(Generic[PromptT, ParserT]):
     """A generator's output format in one task world, declared by its recipe (``formats["chat"]``,
     ``formats["arith"]``) and picked once by :class:`~coevolve.recipes.generator.GeneratorRecipe`.
 
     ``prompt(style, **inputs)`` is the user message that asks for it and ``parse(output, style, **inputs)`` reads one
     generator output into a :class:`Generation`; each recipe names its keyword inputs (a ``document``, a
-    ``reference`` problem, or none). A chat format adds the format help's pieces: what a person reads, a regex for
-    constrained decoding, a renderer of worked examples, and the prompt's inputs for one worked example (the format
-    warm-up's user message; ``examples`` and ``rng`` supply other examples where the prompt shows one).
+    ``reference`` problem, or none) in the types of the two (``GeneratorFormat[DocumentPromptBuilder,
+    DocumentOutputParser]``, or protocols of its own). A chat format adds the format help's pieces: what a person
+    reads, a regex for constrained decoding, a renderer of worked examples, and the prompt's inputs for one worked
+    example (the format warm-up's user message; ``examples`` and ``rng`` supply other examples where the prompt shows
+    one).
     """
 
-    prompt: PromptBuilder
-    parse: OutputParser
+    prompt: PromptT
+    parse: ParserT
     stop: tuple[str, ...] = ()  # stop strings of the generator's sampling
     grounded: bool = False  # its questions name the document's facts, so the solver is shown the document too
     description: str = ""
@@ -166,21 +189,25 @@ def examples_block(fmt: GeneratorFormat, examples: list[WorkedExample]) -> str:
     return f"\n\nExamples of the required output format (write a new problem, in exactly this format):\n\n{shown}"
 
 
-def read_arith_question(output: Completion, style: str, document: str | None = None, **_: Any) -> Generation:
+def read_arith_question(output: Completion, style: str, document: str | None = None) -> Generation:
     """The arithmetic world's writer output (over the fact sheet ``document``, where the writer read one): the
     question and the writer's own answer; no question if malformed."""
     parsed = arith.parse_question(output.text, style, document)
     return Generation(parsed.question, parsed.answer) if parsed else Generation(None)
 
 
-def arith_format(parse: OutputParser = read_arith_question, *, grounded: bool = False) -> GeneratorFormat:
-    """A generator format of the arithmetic world: its writer prompt (:func:`coevolve.tasks.arith.question_prompt`,
-    grounded in a fact sheet, ``document=``, where the recipe's generator reads one) and the reading of the writer's
-    output (default: :func:`read_arith_question`)."""
-    if grounded:
-        return GeneratorFormat(lambda style, **inputs: arith.question_prompt(style, doc=inputs["document"]), parse,
-                               grounded=True)
-    return GeneratorFormat(lambda style, **_: arith.question_prompt(style), parse)
+def arith_format() -> GeneratorFormat[PromptBuilder, OutputParser]:
+    """The generator format of the arithmetic world: its writer prompt
+    (:func:`coevolve.tasks.arith.question_prompt`) and the reading of the writer's output (:func:`read_arith_question`).
+    """
+    return GeneratorFormat(arith.question_prompt, read_arith_question)
+
+
+def grounded_arith_format(parse: DocumentOutputParser = read_arith_question,
+                          ) -> GeneratorFormat[DocumentPromptBuilder, DocumentOutputParser]:
+    """:func:`arith_format` grounded in a fact sheet (``document=``) that the writer reads and the solver is shown;
+    ``parse`` reads the writer's output (default: :func:`read_arith_question`)."""
+    return GeneratorFormat(lambda style, document: arith.question_prompt(style, doc=document), parse, grounded=True)
 
 
 class FormatWatch:

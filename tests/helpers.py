@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -21,6 +22,12 @@ def make_recipe(name: str, model_dir: Any, *sets: str, preset: str | None = None
     """Recipe ``name`` on ``model_dir`` without evaluation sets: its defaults (or ``preset``) under ``sets``."""
     config, params, cls = resolve(name, preset=preset, sets=[f"model={model_dir}", "eval_sets=[]", *sets])
     return cls(config, params)
+
+
+def read_generations(recipe: Any, parse: Callable[..., Any]) -> None:
+    """Give a generator recipe's format the stand-in reader ``parse(output, style, **inputs)`` (the random models of
+    the tests write no parsable question)."""
+    recipe.generator_format = replace(recipe.generator_format, parse=parse)
 
 
 def random_samples(prompts: Sequence[list[int]], lengths: Sequence[int], *, tokens: tuple[int, int] = (5, 40),

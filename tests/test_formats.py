@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -160,3 +163,23 @@ def test_sft_command_rejects_bad_input_in_one_line(tmp_path):
         result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "x")])
         assert result.exit_code == 2 and message in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_builder_or_call_with_another_keyword_is_a_type_error(tmp_path):
+    """The builders and parsers are typed callables: mypy (the project's settings) refuses a document builder that
+    wants ``doc=`` and a call that passes ``doc=``, and accepts the builder that takes ``document=``."""
+    snippet = tmp_path / "formats_snippet.py"
+    snippet.write_text(
+        "from coevolve.formats import DocumentOutputParser, DocumentPromptBuilder, GeneratorFormat, "
+        "read_arith_question\n"
+        "BAD: GeneratorFormat[DocumentPromptBuilder, DocumentOutputParser] = GeneratorFormat(\n"
+        "    lambda style, doc: doc, read_arith_question)\n"
+        "GOOD: GeneratorFormat[DocumentPromptBuilder, DocumentOutputParser] = GeneratorFormat(\n"
+        "    lambda style, document: document or '', read_arith_question)\n"
+        "GOOD.prompt('chat', document='a=3')\n"
+        "GOOD.prompt('chat', doc='a=3')\n")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(root / "pyproject.toml"), "--cache-dir",
+                             str(tmp_path / "mypy"), str(snippet)], cwd=root, capture_output=True, text=True)
+    errors = re.findall(r":(\d+): error: .*\[([a-z-]+)\]$", result.stdout, re.MULTILINE)
+    assert errors == [("3", "arg-type"), ("7", "call-arg")], result.stdout  # BAD's builder, the call with doc=

@@ -1,5 +1,6 @@
 """ruff (pyflakes, import order, bugbear, line length, pyupgrade; settings in pyproject.toml) over the code, and mypy
-over the core below the recipes (``[tool.mypy]``), so the README's test command also lints and type-checks."""
+over the files ``[tool.mypy]`` names (the recipes, their rewards, evaluation, execution, the core below them, the
+loop, the store, the CLI and export), so the README's test command also lints and type-checks."""
 
 import subprocess
 import sys

@@ -218,6 +218,8 @@ class _Worker:
         except OSError as exc:
             self._stderr.close()
             raise SandboxUnavailable(f"the sandbox worker did not start: {exc}") from exc
+        assert self.process.stdin is not None and self.process.stdout is not None  # both opened as pipes above
+        self._requests, self._answers = self.process.stdin, self.process.stdout  # the message channel's two ends
         hello = self._receive(time.monotonic() + START_SECONDS)
         if hello is None or not hello.get("ready"):
             self.kill()
@@ -226,7 +228,7 @@ class _Worker:
     def ask(self, payload: bytes, seconds: float) -> dict | None:
         """Send one job; its answer, or None when the worker died or did not answer within ``seconds``."""
         try:
-            os.write(self.process.stdin.fileno(), struct.pack(">I", len(payload)) + payload)
+            os.write(self._requests.fileno(), struct.pack(">I", len(payload)) + payload)
         except OSError:
             return None
         return self._receive(time.monotonic() + seconds)
@@ -259,7 +261,7 @@ class _Worker:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        for stream in (self.process.stdin, self.process.stdout, self._stderr):
+        for stream in (self._requests, self._answers, self._stderr):
             try:
                 stream.close()
             except OSError:
@@ -276,7 +278,7 @@ class _Worker:
             return None
 
     def _read(self, size: int, deadline: float) -> bytes | None:
-        fd, chunks = self.process.stdout.fileno(), []
+        fd, chunks = self._answers.fileno(), []
         while size:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
@@ -375,6 +377,7 @@ class Executor:
             bwrap = shutil.which("bwrap") or "bwrap"
             prefix, root, cwd = _bwrap_command(bwrap, _interpreter(), self.limits, uid), "/tmp", None
         else:
+            assert self._root is not None  # an unconfined executor works in a folder of its own
             root = cwd = os.path.join(self._root, f"worker-{slot}")
             shutil.rmtree(root, ignore_errors=True)
             os.mkdir(root, 0o700)

@@ -262,7 +262,7 @@ def run_program(job: dict, limits: dict, workdir: str, tasks_before: int, fds: t
             data = value.encode("utf-8") if value is not None else b""
         except any_error:
             status, detail, data = "output", "the value's repr is not valid UTF-8", b""
-        arguments = (reporter, "-c", script, "report", status, detail.replace("\0", "\\x00"))
+        arguments: tuple[str | bytes, ...] = (reporter, "-c", script, "report", status, detail.replace("\0", "\\x00"))
         while data:
             arguments, data = arguments + (data[:chunk],), data[chunk:]
         try:

@@ -128,6 +128,7 @@ class Agent0(RZero):
     summary = ("curriculum and tool-using executor in alternating phases; curriculum GRPO on uncertainty + tool use - "
                "BLEU-cluster repetition; executor ADPO on frontier tasks with majority labels")
     Params = Agent0Params
+    params: Agent0Params
     defaults = {"steps": 2 * (6 + 20), "eval_every": 26,
                 "rollout": {"temperature": 1.0, "max_new_tokens": 64, "tools": ["python"], "max_tool_calls": 4},
                 "train": {"lr": 3e-5, "grad_clip": 1.0}, "params": {"band": [0.3, 0.8]}}

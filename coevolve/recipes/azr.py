@@ -169,7 +169,7 @@ class Solved:
     kind: Kind
     task: Triplet
     new: bool
-    completion: Completion | None = None
+    completion: Completion
     answer: str | None = None
     formatted: bool = False  # an answer was read (r1_zero_format: from a well-formatted output)
     correct: bool = False
@@ -208,7 +208,7 @@ PROGRAM_WORLD_MODEL = ("config key 'model': the program world's formats are the 
 
 
 @register
-class AZR(Recipe):
+class AZR(Recipe[AZRParams]):
     name = "azr"
     summary = ("one policy proposes deduction/abduction/induction tasks and solves them; execution validates and "
                "grades; learnability reward, Task-Relative REINFORCE++")
@@ -305,11 +305,11 @@ class AZR(Recipe):
             self.estimate([q for q in proposed if q.task], step_seed(seed, step, "estimate"))
 
         # Solve phase (lines 16-19): this step's valid tasks, the batch filled from the buffer; one rollout each.
-        solved = [Solved(kind, task, new) for kind in self.kinds
-                  for task, new in self.solve_batch(kind, [q.task for q in proposed if q.kind == kind and q.task],
-                                                    earlier[kind])]
+        batch = [(kind, task, new) for kind in self.kinds
+                 for task, new in self.solve_batch(kind, [q.task for q in proposed if q.kind == kind and q.task],
+                                                   earlier[kind])]
         with timer("solve"):
-            self.solve(solved, step_seed(seed, step, "solve"))
+            solved = self.solve(batch, step_seed(seed, step, "solve"))
 
         # Rewards (Eq. 6), Task-Relative REINFORCE++ (Eq. 8), one update on both roles.
         for q in proposed:  # a valid task joined its buffer above even when its output is badly formatted
@@ -330,12 +330,13 @@ class AZR(Recipe):
         p, target = self.params, self.params.batch_size * self.params.seed_batch_factor
         seeds = TaskBuffers(target)
         seeds.add("deduction", [self.world.seed_triplet()], 0)
-        io_kinds = [kind for kind in ("deduction", "abduction") if kind in self.kinds] or ["deduction"]
+        io_kinds: list[Kind] = [kind for kind in ("deduction", "abduction") if kind in self.kinds] or ["deduction"]
         for round_ in range(p.seed_max_rounds):
             if seeds.size("deduction") >= target:
                 break
-            specs = [(io_kinds[i % len(io_kinds)], seeds.references("deduction", p.references, rng))
-                     for i in range(p.batch_size)]
+            specs: list[tuple[Kind, list[Triplet]]] = [
+                (io_kinds[i % len(io_kinds)], seeds.references("deduction", p.references, rng))
+                for i in range(p.batch_size)]
             known = set(seeds.triplets("deduction"))
             new = [q.task for q in self.propose(specs, step_seed(self.config.seed, 0, f"seed-{round_}"),
                                                 strip=p.strip_seed_programs)
@@ -387,15 +388,16 @@ class AZR(Recipe):
             q.reason, q.proposal = (read, None) if isinstance(read, str) else (None, read)
             q.formatted = not self.params.r1_zero_format or think_answer_format(q.completion.text)
         for kind in KINDS:
-            readable = [q for q in proposed if q.kind == kind and q.reason is None]
-            for q, validation in zip(readable, self.world.validate([q.proposal for q in readable])):
+            readable = [(q, q.proposal) for q in proposed if q.kind == kind and q.proposal is not None]
+            for (q, _), validation in zip(readable, self.world.validate([proposal for _, proposal in readable])):
                 q.task, q.reason = validation.triplet, validation.reason
             self.execution[kind].add(self.world.pop_execution_stats())
         return proposed
 
     def estimate(self, proposed: list[Proposed], seed: int) -> None:
         """r_propose (Eq. 4) of each valid task from n solver rollouts (sampled and checked, not trained on)."""
-        groups = self.rollouts([(q.kind, q.task) for q in proposed], self.params.learnability_samples, seed)
+        groups = self.rollouts([(q.kind, q.task) for q in proposed if q.task is not None],
+                               self.params.learnability_samples, seed)
         for q, (outputs, answers, correct) in zip(proposed, groups):
             q.estimates, q.estimate_answers, q.estimate_correct = outputs, answers, correct
             q.r_propose = learnability(correct)
@@ -409,14 +411,17 @@ class AZR(Recipe):
         b = self.params.batch_size
         return [(t, True) for t in new[:b]] + [(t, False) for t in earlier[:b - min(b, len(new))]]
 
-    def solve(self, solved: list[Solved], seed: int) -> None:
-        """One rollout per solver task, its answer checked by execution; r1_zero_format: an output without the
-        <think>/<answer> shape is a formatting error and not correct (the code's pred_* rewards)."""
-        for s, (outputs, answers, correct) in zip(solved, self.rollouts([(s.kind, s.task) for s in solved], 1, seed)):
-            s.completion, s.answer = outputs[0], answers[0]
-            s.formatted = s.answer is not None and (not self.params.r1_zero_format
-                                                    or think_answer_format(s.completion.text))
-            s.correct = correct[0] and s.formatted
+    def solve(self, batch: list[tuple[Kind, Triplet, bool]], seed: int) -> list[Solved]:
+        """One rollout per solver task (type, task, new this step), its answer checked by execution; r1_zero_format:
+        an output without the <think>/<answer> shape is a formatting error and not correct (the code's pred_*
+        rewards)."""
+        solved = []
+        for (kind, task, new), (outputs, answers, correct) in zip(
+                batch, self.rollouts([(kind, task) for kind, task, _ in batch], 1, seed)):
+            formatted = answers[0] is not None and (not self.params.r1_zero_format
+                                                    or think_answer_format(outputs[0].text))
+            solved.append(Solved(kind, task, new, outputs[0], answers[0], formatted, correct[0] and formatted))
+        return solved
 
     def rollouts(self, tasks: list[tuple[Kind, Triplet]], n: int, seed: int
                  ) -> list[tuple[list[Completion], list[str | None], list[bool]]]:
@@ -453,9 +458,9 @@ class AZR(Recipe):
 
     def advantages(self, proposed: list[Proposed], solved: list[Solved]) -> None:
         """TRR++ (Eq. 8): each reward normalised by the mean and std of its (task type, role) group."""
-        items = [*proposed, *solved]
+        items: list[Proposed | Solved] = [*proposed, *solved]
         groups = [2 * KINDS.index(x.kind) + isinstance(x, Solved) for x in items]
-        weights = ([max(1, len((x.completion if isinstance(x, Proposed) else x.completion).token_ids)) for x in items]
+        weights = ([max(1, len(x.completion.token_ids)) for x in items]
                    if self.params.token_weighted_baseline else None)
         for x, a in zip(items, compute_advantages("task_relative", [x.reward for x in items], groups,
                                                   weights=weights)):
@@ -468,7 +473,7 @@ class AZR(Recipe):
         return proposer + train_samples([s.completion for s in solved], [s.advantage for s in solved])
 
     # --- telemetry and records --------------------------------------------------------------------
-    def pop_execution(self) -> dict[str, Any]:
+    def pop_execution(self) -> dict[Kind, ExecutionStats]:
         """Execution costs per type since the last call (``tasks/<type>/executor_*``), then reset them."""
         stats, self.execution = self.execution, {kind: ExecutionStats() for kind in KINDS}
         return stats
@@ -526,11 +531,12 @@ class AZR(Recipe):
                 reward_terms={"r_propose": q.r_propose}, advantage=q.advantage,
                 extra={"task_type": q.kind, "invalid_reason": q.reason,
                        "references": [describe(t) for t in q.references]}))
-            rows += [solver_row(
-                step, None, "estimate", c, question=describe(q.task), question_id=qid, answer=a,
-                label=gold(q.kind, q.task), label_source="execution", reward_terms={"correct": float(ok)},
-                extra={"task_type": q.kind})
-                for c, a, ok in zip(q.estimates, q.estimate_answers, q.estimate_correct)]
+            if q.task is not None:  # its learnability rollouts
+                rows += [solver_row(
+                    step, None, "estimate", c, question=describe(q.task), question_id=qid, answer=a,
+                    label=gold(q.kind, q.task), label_source="execution", reward_terms={"correct": float(ok)},
+                    extra={"task_type": q.kind})
+                    for c, a, ok in zip(q.estimates, q.estimate_answers, q.estimate_correct)]
         for i, s in enumerate(solved):
             rows.append(solver_row(
                 step, None, "solve", s.completion, question=describe(s.task), question_id=f"s{step}-solve{i}",

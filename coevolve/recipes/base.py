@@ -9,10 +9,10 @@ from __future__ import annotations
 import hashlib
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +36,7 @@ class RecipeParams(BaseModel):
     renamed: ClassVar[dict[str, str]] = {}
 
 
+ParamsT = TypeVar("ParamsT", bound=RecipeParams)  # a recipe's ``Params``
 ArithLevels = Annotated[list[Literal[1, 2, 3, 4, 5, 6]], Field(min_length=1)]  # levels of the arith world
 
 
@@ -47,7 +48,10 @@ class StepOutput:
     samples: list[SampleRow] = field(default_factory=list)
 
 
-def register(cls: type[Recipe]) -> type[Recipe]:
+RecipeT = TypeVar("RecipeT", bound="type[Recipe]")
+
+
+def register(cls: RecipeT) -> RecipeT:
     """Add a recipe class to ``RECIPES`` under its ``name``: ``@register`` on a built-in, or the ``coevolve.recipes``
     entry point of a user's package (:mod:`coevolve.recipes`). A name taken by another class is one ConfigError."""
     taken = RECIPES.get(cls.name)
@@ -72,8 +76,9 @@ def step_seed(seed: int, step: int, purpose: str) -> int:
 SOLVER_ROLES = ("solver", "policy")  # the role evaluation measures: a solver, or the one policy that also answers
 
 
-class Recipe:
-    """One method. A subclass declares ``name``, ``summary``, its ``roles``, ``Params`` and ``presets``, loads its
+class Recipe(Generic[ParamsT]):
+    """One method. A subclass of ``Recipe[ItsParams]`` declares ``name``, ``summary``, its ``roles``, ``Params`` and
+    ``presets``, loads its
     models and makes a trainer per role in ``__init__`` (:meth:`make_trainer`), and implements ``step``; a recipe with
     a generator subclasses :class:`coevolve.recipes.generator.GeneratorRecipe`. The base sets ``config``, ``params``,
     ``task`` (the run's task world) and the sampling settings, and knows each role's policy and trainer, so
@@ -89,10 +94,10 @@ class Recipe:
     phased: ClassVar[bool] = False  # its roles train in phases (``schedule``): lr schedules, resets
     scores_questions: ClassVar[bool] = False  # its solver votes to score or label questions (``rollout.scoring``)
 
-    def __init__(self, config: RunConfig, params: RecipeParams):
+    def __init__(self, config: RunConfig, params: ParamsT):
         self.config = config
         self.params = params
-        self.task: Task | None = self.run_task(config)
+        self._task = self.run_task(config)
         self.sampling = SamplingParams(temperature=config.rollout.temperature, top_p=config.rollout.top_p,
                                        top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens)
         self.solver_sampling = self.sampling
@@ -100,6 +105,13 @@ class Recipe:
         self._role_policies: dict[str, Policy] = {}  # by role, as make_trainer recorded them
         self._runtime = RoleRuntime(config)  # devices, ranks and samplers
         self.schedule: Schedule | None = None  # a phased recipe's phases (coevolve.phases), set once its trainers are
+
+    @property
+    def task(self) -> Task:
+        """The run's task world (:meth:`run_task`); a ValueError in a world that no registry task describes."""
+        if self._task is None:
+            raise ValueError(f"{self.name}: the {self.config.task} world has no registry task to parse answers")
+        return self._task
 
     # --- what the loop needs ----------------------------------------------------------------------
     def trainers(self) -> dict[str, PolicyTrainer]:
@@ -160,7 +172,7 @@ class Recipe:
         return {}
 
     @classmethod
-    def check_settings(cls, config: RunConfig, params: RecipeParams) -> None:
+    def check_settings(cls, config: RunConfig, params: ParamsT) -> None:
         """Settings this recipe cannot honour: one ConfigError naming the key, raised while the config resolves
         (before any model loads or anything is written). Recipes add their own checks and call this one."""
         if config.rollout.scoring.model_dump(exclude_none=True) and not cls.scores_questions:
@@ -187,7 +199,7 @@ class Recipe:
                                           f"phase")
 
     @classmethod
-    def check_inputs(cls, config: RunConfig, params: RecipeParams) -> None:
+    def check_inputs(cls, config: RunConfig, params: ParamsT) -> None:
         """Read what the run will read (benchmark files, document sources, question pools) before the model loads,
         so that a missing or empty input stops the run before anything is built or written (FileNotFoundError for
         a benchmark file, ConfigError naming the key, TaskDataError for empty data). Recipes add their inputs."""
@@ -203,12 +215,12 @@ class Recipe:
         return get_task(config.task, data_dir=config.data_dir)
 
     @classmethod
-    def start_model(cls, config: RunConfig, params: RecipeParams, role: str) -> str:
+    def start_model(cls, config: RunConfig, params: ParamsT, role: str) -> str:
         """The model (name or folder) that ``role``'s weights start from, before training: the run's ``model``."""
         return config.model
 
     @classmethod
-    def data_sets(cls, config: RunConfig, params: RecipeParams) -> list[str]:
+    def data_sets(cls, config: RunConfig, params: ParamsT) -> list[str]:
         """Benchmark files (:mod:`coevolve.data.benchmarks` names) the run reads, checked before the model
         loads: the evaluation sets, and what a recipe adds."""
         return list(config.eval_sets or [])
@@ -238,17 +250,17 @@ class Recipe:
         return trainer
 
     @classmethod
-    def constrains_rollouts(cls, params: RecipeParams) -> bool:
+    def constrains_rollouts(cls, params: ParamsT) -> bool:
         """Whether the recipe's rollouts are sampled under a format constraint (format help)."""
         return False
 
     @classmethod
-    def role_settings(cls, config: RunConfig, params: RecipeParams, role: str) -> RoleSettings | None:
+    def role_settings(cls, config: RunConfig, params: ParamsT, role: str) -> RoleSettings | None:
         """``role``'s own update settings over the run's ``train`` (``roles.<role>``), or None."""
         return config.roles.get(role)
 
     @classmethod
-    def config_yaml(cls, config: RunConfig, params: RecipeParams) -> str:
+    def config_yaml(cls, config: RunConfig, params: ParamsT) -> str:
         """The resolved config as ``config.yaml`` holds it, with what each role runs (:func:`to_yaml`)."""
         return to_yaml(config, {role: cls.role_settings(config, params, role) for role in cls.roles})
 
@@ -282,8 +294,6 @@ class Recipe:
         text the model wrote (an episode's tool observations are never read as its answer): one (completions,
         answers) pair per prompt."""
         task = self.task
-        if task is None:
-            raise ValueError(f"{self.name}: the {self.config.task} world has no registry task to parse answers")
         sample = self.episode_groups if self.config.rollout.tools and tools else self.sample_groups
         groups = sample(policy, prompts, n, seed, params)
         return [(group, [task.parse_answer(c.written_text, policy.prompt_style) for c in group]) for group in groups]
@@ -303,10 +313,10 @@ def tool_use(config: RunConfig, completions: Sequence[Completion], correct: Sequ
     return {"tool/correct_used_tool": mean([float(c.tool_calls > 0) for c, ok in zip(completions, correct) if ok])}
 
 
-def train_samples(completions: Sequence[Completion], advantages: Sequence[float],
+def train_samples(completions: Sequence[Completion], advantages: Iterable[float],
                   clip_highs: Sequence[float] | None = None) -> list[TrainSample]:
     """Pair each completion with its advantage (and, for ADPO, its own upper clip range) for the policy update."""
-    highs = clip_highs if clip_highs is not None else [None] * len(completions)
+    highs: Sequence[float | None] = clip_highs if clip_highs is not None else [None] * len(completions)
     return [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float(a), c.tool_mask, high)
             for c, a, high in zip(completions, advantages, highs)]
 

@@ -26,11 +26,11 @@ Step structure: the paper names no PPO mini-batches or epochs; ``paper`` takes o
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from coevolve.formats import Generation, GeneratorFormat, arith_format, one_line
+from coevolve.formats import Generation, GeneratorFormat, OutputParser, PromptBuilder, arith_format, one_line
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
 from coevolve.recipes.base import (
@@ -132,13 +132,13 @@ def _paper_question(text: str, cut_off: bool) -> str | None:
 
 
 @register
-class DynamicRL(GeneratorRecipe):
+class DynamicRL(GeneratorRecipe[DynamicRLParams, PromptBuilder, OutputParser]):
     name = "dynamic_rl"
     summary = ("one policy writes questions from a fixed prompt and answers them; majority-vote labels, tent "
                "difficulty + token/answer diversity rewards, per-term z-scored advantages")
     roles = ("policy",)
     Params = DynamicRLParams
-    formats = {
+    formats: ClassVar[dict[str, GeneratorFormat[PromptBuilder, OutputParser]]] = {
         "chat": GeneratorFormat(  # z_0, the paper's prompt for free-form math; generation stops at "Solution:"
             lambda style, **_: Z0, parse_paper_question, stop=(SOLUTION_MARK,),
             description="Question: {the question}\\nSolution: {step-by-step solution} (generation stops at "
@@ -173,7 +173,8 @@ class DynamicRL(GeneratorRecipe):
         super().__init__(config, params)
         self.policy = self.load_policy(self.generator_model())  # the model, or a format warm-up's
         self.trainer = self.make_trainer(self.policy, "policy")
-        self.z0 = self.generator_prompt(self.policy)  # z_0 in the run's task world (``formats``)
+        # z_0 in the run's task world (``formats``)
+        self.z0 = self.generator_prompt(self.policy, self.generator_format.prompt(self.policy.prompt_style))
         self.question_sampling = self.generator_sampling(replace(self.sampling,
                                                                  max_new_tokens=params.question_max_tokens))
         self.equivalent = self.task.vote_equivalence  # S_a: exact for the toy world's integers, math-verify for math
@@ -186,11 +187,12 @@ class DynamicRL(GeneratorRecipe):
         with timer("generate"):  # line 3: n questions from pi(.|z_0)
             outputs = self.sample_groups(self.policy, [self.z0], p.n, step_seed(seed, step, "questions"),
                                          self.question_sampling)[0]
-            questions = [GeneratedQuestion(o, self.read_generation(o)) for o in outputs]
+            questions = [GeneratedQuestion(o, self.generator_format.parse(o, self.style)) for o in outputs]
             posed = [q for q in questions if q.text is not None]
         self.watch_format(step, len(posed), len(questions))
         with timer("solve"):  # line 4: m solutions from pi(.|q, z_q) per question
-            prompts = [self.policy.format_prompt(self.task.solver_prompt(q.text, None, self.style)) for q in posed]
+            prompts = [self.policy.format_prompt(self.task.solver_prompt(q.text, None, self.style)) for q in posed
+                       if q.text is not None]
             for q, (solutions, answers) in zip(posed, self.solve_groups(self.policy, prompts, p.m,
                                                                         step_seed(seed, step, "solve"))):
                 q.solutions, q.answers = solutions, answers
@@ -283,7 +285,7 @@ class DynamicRL(GeneratorRecipe):
             "questions/filtered_rate": sum(bool(q.filtered) for q in questions) / n,
             **{f"questions/filter_{rule}": sum(rule in q.filtered for q in questions) / n for rule in FILTER_RULES},
             "questions/solve_rate_mean": mean([q.solve_rate for q in posed]),
-            "questions/all_agree_rate": mean([float(q.vote.support == len(q.answers)) for q in posed]),
+            "questions/all_agree_rate": mean([float(q.vote.support == len(q.answers)) for q in posed if q.vote]),
             "questions/duplicate_rate": (len(texts) - len(set(texts))) / len(texts) if texts else float("nan"),
             "solver/none_rate": mean([float(a is None) for a in answers]),
             "generator/advantage_abs_mean": mean([abs(q.advantage) for q in questions]),

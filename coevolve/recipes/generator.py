@@ -11,22 +11,23 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import Field
 
 from coevolve.config import ConfigError, RunConfig
 from coevolve.formats import (
     FormatWatch,
-    Generation,
     GeneratorFormat,
+    ParserT,
+    PromptT,
     examples_block,
     load_worked_examples,
     solver_answer_regex,
 )
 from coevolve.models import Policy
 from coevolve.recipes.base import Recipe, RecipeParams
-from coevolve.rollout import Completion, SamplingParams
+from coevolve.rollout import SamplingParams
 
 
 class GeneratorParams(RecipeParams):
@@ -45,16 +46,21 @@ class GeneratorParams(RecipeParams):
                                    "valid output")
 
 
-class GeneratorRecipe(Recipe):
-    """A recipe whose generator writes questions; ``formats`` declares its output format by task world, and
-    ``self.generator_format`` is the run's."""
+GeneratorParamsT = TypeVar("GeneratorParamsT", bound=GeneratorParams)
 
-    formats: ClassVar[dict[str, GeneratorFormat]] = {}  # the generator's output format per world ("chat", "arith")
 
-    def __init__(self, config: RunConfig, params: GeneratorParams):
+class GeneratorRecipe(Recipe[GeneratorParamsT], Generic[GeneratorParamsT, PromptT, ParserT]):
+    """A recipe whose generator writes questions: a subclass of ``GeneratorRecipe[ItsParams, ItsPromptBuilder,
+    ItsOutputParser]`` declares its output format by task world in ``formats`` (annotated with the same two types, so
+    a builder that wants other keywords than the recipe passes is a type error), and ``self.generator_format`` is the
+    run's."""
+
+    formats: ClassVar[dict[str, GeneratorFormat[Any, Any]]] = {}  # the generator's output format per world
+
+    def __init__(self, config: RunConfig, params: GeneratorParamsT):
         super().__init__(config, params)
         self.world = world_of(config.task)
-        self.generator_format = self.formats[self.world]
+        self.generator_format: GeneratorFormat[PromptT, ParserT] = self.formats[self.world]
         self.format_watch = FormatWatch(self.name, params.format_warn_after,
                                         self.generator_format.description if self.world == "chat" else None)
         if params.solver_format_constraint:  # the solver's rollouts: sample_groups without explicit params
@@ -63,7 +69,7 @@ class GeneratorRecipe(Recipe):
                                 if params.format_examples else [])
 
     @classmethod
-    def check_settings(cls, config: RunConfig, params: GeneratorParams) -> None:
+    def check_settings(cls, config: RunConfig, params: GeneratorParamsT) -> None:
         super().check_settings(config, params)
         helped = (params.format_examples or params.format_constraint or params.generator_init
                   or params.solver_format_constraint)
@@ -75,7 +81,7 @@ class GeneratorRecipe(Recipe):
                               f"{config.task} task (it has: {', '.join(cls.formats)})")
 
     @classmethod
-    def constrains_rollouts(cls, params: GeneratorParams) -> bool:
+    def constrains_rollouts(cls, params: GeneratorParamsT) -> bool:
         return params.format_constraint or params.solver_format_constraint
 
     def solver_budget(self, sampling: SamplingParams, max_new_tokens: int) -> SamplingParams:
@@ -84,15 +90,11 @@ class GeneratorRecipe(Recipe):
         regex = solver_answer_regex(max_new_tokens) if self.params.solver_format_constraint else sampling.regex
         return replace(sampling, max_new_tokens=max_new_tokens, regex=regex)
 
-    def generator_prompt(self, policy: Policy, **inputs: Any) -> str:
-        """The generator's prompt: its format's message for the keyword ``inputs``, with ``params.format_examples``
-        worked examples of the format appended, in ``policy``'s chat template."""
-        message = self.generator_format.prompt(policy.prompt_style, **inputs)
+    def generator_prompt(self, policy: Policy, message: str) -> str:
+        """The generator's prompt: its format's ``message`` (``self.generator_format.prompt(policy.prompt_style,
+        **inputs)``) with ``params.format_examples`` worked examples of the format appended, in ``policy``'s chat
+        template."""
         return policy.format_prompt(message + examples_block(self.generator_format, self.format_examples))
-
-    def read_generation(self, output: Completion, **inputs: Any) -> Generation:
-        """What the recipe reads from one generator output (its format's ``parse``)."""
-        return self.generator_format.parse(output, self.style, **inputs)
 
     def generator_sampling(self, sampling: SamplingParams) -> SamplingParams:
         """The generator's sampling: its format's stop strings, and constrained decoding of the format when
@@ -109,10 +111,10 @@ class GeneratorRecipe(Recipe):
         return self.start_model(self.config, self.params, "generator")
 
     @classmethod
-    def start_model(cls, config: RunConfig, params: RecipeParams, role: str) -> str:
+    def start_model(cls, config: RunConfig, params: GeneratorParamsT, role: str) -> str:
         """The solver starts from the run's model; every other role (the generator, and the one policy of a
         one-policy recipe) from ``params.generator_init`` when it is set."""
-        init = getattr(params, "generator_init", None)
+        init = params.generator_init
         if role == "solver" or init is None:
             return config.model
         return str(Path(init) / "model") if (Path(init) / "model").is_dir() else init

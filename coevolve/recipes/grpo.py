@@ -45,7 +45,7 @@ class GRPOParams(RecipeParams):
 
 
 @register
-class GRPO(Recipe):
+class GRPO(Recipe[GRPOParams]):
     name = "grpo"
     summary = "baseline: solver-only RLVR with ground-truth labels (upper bound for self-evolving recipes)"
     Params = GRPOParams

@@ -29,7 +29,7 @@ import json
 import random
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -37,7 +37,14 @@ from scipy.stats import spearmanr
 
 from coevolve.config import RoleSettings
 from coevolve.documents import DocumentPool, check_document_source, dev_set, load_documents, tokenizer_counter
-from coevolve.formats import Generation, GeneratorFormat, arith_format, one_line
+from coevolve.formats import (
+    DocumentOutputParser,
+    DocumentPromptBuilder,
+    Generation,
+    GeneratorFormat,
+    grounded_arith_format,
+    one_line,
+)
 from coevolve.grading.extract import braces_balanced, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (
@@ -79,7 +86,7 @@ _FENCE = re.compile(r"```(?:json)?")
 _LATEX_ESCAPE = re.compile(r'\\\\|\\(?!["/]|u[0-9a-fA-F]{4}|[bfnrt](?![a-zA-Z]))')
 _INTEGER = re.compile(r"-?\d+")
 
-_PAPER_SCALE = {
+_PAPER_SCALE: dict[str, Any] = {
     "model": "smollm2-135m", "task": "math", "steps": 100, "eval_every": 5,
     "rollout": {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8192},
     "train": {"lr": 2e-6, "weight_decay": 0.01, "grad_clip": 1.0, "clip_low": 0.2, "clip_high": 0.2, "tis_cap": 2.0,
@@ -132,7 +139,7 @@ def read_json_question(output: Completion, style: str, **_: Any) -> Generation:
     return Generation(*found)
 
 
-def read_arith_question(output: Completion, style: str, document: str, **_: Any) -> Generation:
+def read_arith_question(output: Completion, style: str, document: str | None, **_: Any) -> Generation:
     """q and a_φ of a valid arithmetic-world writer output: a question over the fact sheet and an integer answer."""
     parsed = arith.parse_question(output.text, style, document)
     if parsed is None or parsed.answer is None or not _INTEGER.fullmatch(parsed.answer.strip()):
@@ -198,21 +205,21 @@ class Generated:
 
 
 @register
-class Infuser(GeneratorRecipe):
+class Infuser(GeneratorRecipe[InfuserParams, DocumentPromptBuilder, DocumentOutputParser]):
     name = "infuser"
     summary = ("document-grounded generator writes questions with its own answers, rewarded by the cosine between "
                "the AdamW-preconditioned solver update they cause and a dev-set gradient; DuGRPO / Dr.GRPO")
     roles = ("generator", "solver")
     Params = InfuserParams
     fsdp_unsupported = "infuser's per-question influence gradients"
-    formats = {
+    formats: ClassVar[dict[str, GeneratorFormat[DocumentPromptBuilder, DocumentOutputParser]]] = {
         "chat": GeneratorFormat(
             lambda style, document, **_: GENERATOR_PROMPT.format(text=document), read_json_question,
             description='{"question_text": "{the question}", "ground_truth": "{final answer}"}',
             regex=r'\{"question_text": "[^"\\\n]{10,300}", "ground_truth": "[^"\\\n{}]{1,40}"\}',
             render=lambda e: json.dumps({"question_text": one_line(e.question), "ground_truth": e.answer}),
             warmup_inputs=lambda e, examples, rng: {"document": e.solution}),  # the example's worked solution
-        "arith": arith_format(read_arith_question, grounded=True),  # questions over the fact sheet's variables
+        "arith": grounded_arith_format(read_arith_question),  # questions over the fact sheet's variables
     }
     defaults = {
         "steps": 100, "eval_every": 20,
@@ -276,18 +283,21 @@ class Infuser(GeneratorRecipe):
         p, timer, seed = self.params, PhaseTimer(), self.config.seed
         learning = not self.config.frozen_generator
         dev_stats: dict[str, float] = {}
-        reference, dev_samples = None, []
+        reference: DevGradient | None = None
+        dev_samples: list[TrainSample] = []
         if learning:
             with timer("dev"):  # Phase 1
                 reference, dev_samples, dev_stats = self.dev_reference(step)
         docs = self.documents.take(seed, (step - 1) * p.documents_per_step, p.documents_per_step)
         with timer("generate"):  # Phase 2
-            prompts = [self.generator_prompt(self.generator, document=d) for d in docs]
+            prompts = [self.generator_prompt(self.generator, self.generator_format.prompt(self.generator.prompt_style,
+                                                                                        document=d))
+                       for d in docs]
             groups = self.sample_groups(self.generator, prompts, p.group_size, step_seed(seed, step, "generate"),
                                         self.question_sampling)
             generated = [Generated(d, g, c) for g, (d, group) in enumerate(zip(docs, groups)) for c in group]
             for x in generated:
-                generation = self.read_generation(x.output, document=x.doc)
+                generation = self.generator_format.parse(x.output, self.style, document=x.doc)
                 x.question, x.key = generation.question, generation.answer
         self.watch_format(step, sum(x.valid for x in generated), len(generated))
         with timer("solve"):  # Phase 3
@@ -366,11 +376,13 @@ class Infuser(GeneratorRecipe):
         """Phase 3: n solver answers per question, r = 1[a ≡ a_φ], Dr.GRPO advantages."""
         if not questions:
             return
-        prompts = [self.solver_prompt(x.question, x.doc if self.shows_document else None) for x in questions]
+        prompts = [self.solver_prompt(x.question, x.doc if self.shows_document else None) for x in questions
+                   if x.question is not None]
         for x, (group, answers) in zip(questions, self.solve_groups(self.solver_policy, prompts, self.params.group_size,
                                                                     seed)):
             x.solutions, x.answers = group, answers
-            x.rewards = [float(a is not None and self.task.is_correct(a, x.key)) for a in x.answers]
+            x.rewards = [float(a is not None and x.key is not None and self.task.is_correct(a, x.key))
+                         for a in x.answers]
             x.solver_advantages = [float(a) for a in compute_advantages("dr_grpo", x.rewards, [0] * len(group))]
 
     def solver_samples(self, questions: list[Generated]) -> list[TrainSample]:
@@ -399,9 +411,9 @@ class Infuser(GeneratorRecipe):
         valid = [x for x in generated if x.valid]
         retained = [x for x in generated if x.informative]
         scored = [x.influence for x in retained if x.influence is not None]
-        audited = [self.task.oracle(x.question, x.doc if self.shows_document else None, x.key, x.key)
+        oracles = [self.task.oracle(x.question, x.doc if self.shows_document else None, x.key, x.key)
                    for x in retained]
-        audited = [o["label_correct"] for o in audited if o and o.get("label_correct") is not None]
+        audited = [o["label_correct"] for o in oracles if o and o.get("label_correct") is not None]
         return {
             "generator/reward_mean": mean([x.reward for x in generated]),
             "solver/reward_mean": mean([r for x in valid for r in x.rewards]),

@@ -32,7 +32,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -105,12 +105,24 @@ just the final number or expression that solves the problem.
 
 
 # The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU).
-_PAPER_SCALE = {
+_PAPER_SCALE: dict[str, Any] = {
     "model": "smollm2-135m", "task": "math", "steps": 200,
     "rollout": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 2048},
     "train": {"lr": 3e-7, "kl_beta": 1e-4, "grad_clip": 0.5, "micro_batch_size": 4, "mini_batch_size": 0, "epochs": 1},
     "eval_sets": ["gsm8k", "math500"], "eval_limit": 100, "eval_max_new_tokens": 512, "eval_every": 50,
 }
+
+
+class TeacherPromptBuilder(Protocol):
+    """The teacher's user message: ``prompt(style, reference=...)`` for the pool problem it starts from."""
+
+    def __call__(self, style: str, /, *, reference: str) -> str: ...
+
+
+class TeacherOutputParser(Protocol):
+    """The reading of one teacher output under ``params.teacher_rules``."""
+
+    def __call__(self, output: Completion, style: str, /, *, rules: TeacherRules) -> Generation: ...
 
 
 def read_teacher_output(output: Completion, style: str, rules: TeacherRules, **_: Any) -> Generation:
@@ -223,14 +235,26 @@ class Candidate:
     student_rewards: list[float] = field(default_factory=list)  # R^S per solution, when selected for the student
     student_advantages: list[float] = field(default_factory=list)
 
+    @property
+    def question(self) -> str:
+        """q_{i,j} of a valid output (a ValueError for an invalid one, which has none)."""
+        if self.parsed.question is None:
+            raise ValueError("an invalid teacher output has no question")
+        return self.parsed.question
+
+    @property
+    def label(self) -> str | None:
+        """The student's majority answer, once voted."""
+        return self.vote.label if self.vote else None
+
 
 @register
-class OpenSIR(GeneratorRecipe):
+class OpenSIR(GeneratorRecipe[OpenSIRParams, TeacherPromptBuilder, TeacherOutputParser]):
     name = "opensir"
     summary = "one policy as teacher and student; pool-seeded problems; novelty = solvability+length+diversity+format"
     roles = ("policy",)
     Params = OpenSIRParams
-    formats = {
+    formats: ClassVar[dict[str, GeneratorFormat[TeacherPromptBuilder, TeacherOutputParser]]] = {
         "chat": GeneratorFormat(
             lambda style, reference, **_: TEACHER_PROMPT.replace("{problem}", reference), read_teacher_output,
             description="<think>{how it differs}</think>\\n<problem>{the problem}</problem>\\n<concepts>{1-3 "
@@ -299,17 +323,19 @@ class OpenSIR(GeneratorRecipe):
         # Problem generation: k references from P_{t-1}, G problems each; Q_valid.
         references = self.pool.sample(random.Random(step_seed(seed, step, "references")), self.n_groups)
         with timer("generate"):
-            prompts = [self.generator_prompt(self.teacher, reference=r) for r in references]
+            prompts = [self.generator_prompt(self.teacher, self.generator_format.prompt(self.teacher.prompt_style,
+                                                                                      reference=r))
+                       for r in references]
             groups = self.sample_groups(self.teacher, prompts, G, step_seed(seed, step, "generate"),
                                         self.teacher_sampling)
-        candidates = [Candidate(i, j, c, self.read_generation(c, rules=self.params.teacher_rules))
+        candidates = [Candidate(i, j, c, self.generator_format.parse(c, self.style, rules=self.params.teacher_rules))
                       for i, group in enumerate(groups) for j, c in enumerate(group)]
         valid = [c for c in candidates if c.parsed.valid]
         self.watch_format(step, len(valid), len(candidates))
 
         # Solution sampling: G solutions per valid problem, majority vote, solve rate.
         with timer("solve"):
-            solutions = self.sample_groups(self.policy, [self.student_prompt(c.parsed.question) for c in valid], G,
+            solutions = self.sample_groups(self.policy, [self.student_prompt(c.question) for c in valid], G,
                                            step_seed(seed, step, "solve"))
             for c, sols in zip(valid, solutions):
                 self.label(c, sols)
@@ -330,7 +356,7 @@ class OpenSIR(GeneratorRecipe):
             stats = self.trainer.update(self.training_batch(d_t, student_problems))
 
         # P_t = P_{t-1} ∪ Q_valid.
-        self.pool.add([c.parsed.question for c in valid], step, [c.parsed.concepts for c in valid])
+        self.pool.add([c.question for c in valid], step, [c.parsed.concepts for c in valid])
         if embeddings is not None:
             self.pool_embeddings.append(embeddings)
 
@@ -361,7 +387,7 @@ class OpenSIR(GeneratorRecipe):
         if p.diversity == "concepts":
             pool_concepts = self.pool.concepts
             return np.array([concept_novelty(q.concepts, pool_concepts) for q in problems]), None
-        vectors = self.embed_texts([q.question for q in problems])
+        vectors = self.embed_texts([q.question for q in problems if q.question is not None])
         pool = self.pool_embeddings.matrix(self.pool)
         if p.diversity == "min_pool":
             return min_distance_diversity(vectors, pool), vectors
@@ -399,6 +425,8 @@ class OpenSIR(GeneratorRecipe):
 
     def reward_student(self, c: Candidate) -> None:
         """R^S_j = 1[a_j = a*] + delta * score_fom^S(o_j) (Eq. 6) for each of the G solutions."""
+        if c.vote is None:
+            raise ValueError("a student problem has the student's vote")
         for solution, answer, agree in zip(c.solutions, c.answers, c.vote.agree):
             fmt = self.student.format_score(solution.text, answer, self.params.student_format)
             c.student_terms.append({"correct": float(agree), "format": fmt})
@@ -419,7 +447,8 @@ class OpenSIR(GeneratorRecipe):
         """D_T ∪ D_S, without the role an ablation leaves untrained."""
         samples = []
         if self.trained_roles in ("both", "teacher"):
-            samples += train_samples([c.completion for c in d_t], [c.advantage for c in d_t])
+            trained = [(c.completion, c.advantage) for c in d_t if c.advantage is not None]
+            samples += train_samples([completion for completion, _ in trained], [a for _, a in trained])
         if self.trained_roles in ("both", "student"):
             samples += train_samples([s for c in student_problems for s in c.solutions],
                                      [a for c in student_problems for a in c.student_advantages])
@@ -433,7 +462,7 @@ class OpenSIR(GeneratorRecipe):
         chosen = {id(c) for c in student_problems}
         rows = []
         for c in candidates:
-            label = c.vote.label if c.vote else None
+            label = c.label
             rows.append(generator_row(
                 step, None, "generate", c.completion, question=c.parsed.question, question_id=qid[id(c)],
                 valid=c.parsed.valid, answer=None, label=label, label_source="majority", solve_rate=c.solve_rate,
@@ -447,9 +476,9 @@ class OpenSIR(GeneratorRecipe):
                                                      c.student_advantages):
                 rows.append(solver_row(
                     step, None, "solve", s, question=c.parsed.question, question_id=qid[id(c)], answer=answer,
-                    label=c.vote.label, label_source="majority", solve_rate=c.solve_rate, reward=reward,
+                    label=c.label, label_source="majority", solve_rate=c.solve_rate, reward=reward,
                     reward_terms=terms, advantage=adv,
-                    oracle=self.task.oracle(c.parsed.question, None, answer, c.vote.label)))
+                    oracle=self.task.oracle(c.parsed.question, None, answer, c.label)))
         return rows
 
     def metrics(self, candidates: list[Candidate], valid: list[Candidate], teacher_groups: set[int],

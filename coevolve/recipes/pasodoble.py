@@ -37,7 +37,17 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from coevolve.documents import DocumentPool, check_document_source, load_documents, tokenizer_counter
-from coevolve.formats import ANSWER, LINE, MAX_SOLUTION_CHARS, Generation, GeneratorFormat, arith_format, one_line
+from coevolve.formats import (
+    ANSWER,
+    LINE,
+    MAX_SOLUTION_CHARS,
+    DocumentOutputParser,
+    DocumentPromptBuilder,
+    Generation,
+    GeneratorFormat,
+    grounded_arith_format,
+    one_line,
+)
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.recipes.base import (
@@ -65,22 +75,12 @@ PROPOSER_PROMPT = (
     "check inside <answer>...</answer>, with the final answer in \\boxed{{}} inside the answer section.\n\n"
     "{knowledge}Now write one problem and its answer.")
 KNOWLEDGE = "External knowledge: {passage}\n\n"
-CHAT_FORMAT = GeneratorFormat(
-    lambda style, document, **_: PROPOSER_PROMPT.format(knowledge=KNOWLEDGE.format(passage=document) if document
-                                                        else ""),
-    lambda output, style, **_: Generation(*parse_proposal(output.text)),
-    description="<problem>{the problem}</problem> <answer>{worked solution} \\boxed{final answer}</answer>",
-    regex=r"<problem>" + LINE + rf"</problem> <answer>[^<>{{}}\n]{{0,{MAX_SOLUTION_CHARS}}}\\boxed\{{" + ANSWER
-    + r"\}</answer>",
-    render=lambda e: (f"<problem>{one_line(e.question)}</problem> <answer>{one_line(e.solution)} "
-                      f"\\boxed{{{e.answer}}}</answer>"),
-    warmup_inputs=lambda e, examples, rng: {"document": e.solution})  # the passage: the example's worked solution
 _THINK_END = "</think>"
 TOKEN_PAIR_BASE = 1_000_003  # a prime above any vocabulary size: a pair of token ids (a, b) is a * base + b
 
 
 # The paper's scale on the one offline chat model (GPU-scale: hours per step on a CPU).
-_PAPER_SCALE = {
+_PAPER_SCALE: dict[str, Any] = {
     "model": "smollm2-135m", "task": "math", "steps": 600, "eval_every": 40,
     "rollout": {"temperature": 0.6, "top_p": 1.0, "max_new_tokens": 6144},
     "train": {"lr": 1e-6, "kl_beta": 0.0, "grad_clip": 1.0, "micro_batch_size": 2},
@@ -162,6 +162,13 @@ class Proposal:
     solver_advantages: list[float] = field(default_factory=list)
 
     @property
+    def completion(self) -> Completion:
+        """c_i (a ValueError for a question replayed from the offline buffer, which has none)."""
+        if self.output is None:
+            raise ValueError("a question replayed from the offline buffer has no Proposer completion")
+        return self.output
+
+    @property
     def p(self) -> float:
         """The leak-checked pass rate, used for rewards, retention and the buffer (the paper does not say which p)."""
         return 0.0 if self.leak else self.p_raw
@@ -189,17 +196,28 @@ def parse_proposal(text: str) -> tuple[str | None, str | None]:
     return question or None, extract_boxed(after)
 
 
-ARITH_FORMAT = arith_format(grounded=True)  # questions over the fact sheet's variables; the Solver is shown it too
+CHAT_FORMAT: GeneratorFormat[DocumentPromptBuilder, DocumentOutputParser] = GeneratorFormat(
+    lambda style, document, **_: PROPOSER_PROMPT.format(knowledge=KNOWLEDGE.format(passage=document) if document
+                                                        else ""),
+    lambda output, style, **_: Generation(*parse_proposal(output.text)),
+    description="<problem>{the problem}</problem> <answer>{worked solution} \\boxed{final answer}</answer>",
+    regex=r"<problem>" + LINE + rf"</problem> <answer>[^<>{{}}\n]{{0,{MAX_SOLUTION_CHARS}}}\\boxed\{{" + ANSWER
+    + r"\}</answer>",
+    render=lambda e: (f"<problem>{one_line(e.question)}</problem> <answer>{one_line(e.solution)} "
+                      f"\\boxed{{{e.answer}}}</answer>"),
+    warmup_inputs=lambda e, examples, rng: {"document": e.solution})  # the passage: the example's worked solution
+ARITH_FORMAT = grounded_arith_format()  # questions over the fact sheet's variables; the Solver is shown it too
 
 
 @register
-class PasoDoble(GeneratorRecipe):
+class PasoDoble(GeneratorRecipe[PasoDobleParams, DocumentPromptBuilder, DocumentOutputParser]):
     name = "pasodoble"
     summary = ("knowledge-grounded proposer writes questions with its own answers, rewarded by difficulty (1.1 - "
                "pass rate) + Jaccard diversity, gated; the solver learns to agree; online or offline")
     roles = ("proposer", "solver")
     Params = PasoDobleParams
-    formats = {"chat": CHAT_FORMAT, "arith": ARITH_FORMAT}
+    formats: ClassVar[dict[str, GeneratorFormat[DocumentPromptBuilder, DocumentOutputParser]]] = {
+        "chat": CHAT_FORMAT, "arith": ARITH_FORMAT}
     defaults = {
         "steps": 200, "eval_every": 50,
         "rollout": {"temperature": 0.6, "top_p": 1.0, "max_new_tokens": 64},
@@ -329,7 +347,7 @@ class PasoDoble(GeneratorRecipe):
         stats: dict[str, float] = {}
         if not skipped:
             self.buffer += [Buffered(x.question, x.answer, self.solver_doc(x.passage), prev_acc=x.p)
-                            for x in retained]
+                            for x in retained if x.question is not None and x.answer is not None]
             with timer("update_proposer"):
                 stats = self.update_proposer(proposals)
             self.advance_phase(updated=True, target=self.params.proposer_steps, next_phase="solver")
@@ -374,12 +392,14 @@ class PasoDoble(GeneratorRecipe):
         passages = (self.knowledge.sample(step_seed(seed, step, "passages"), p.passages_per_step)
                     if self.knowledge else [None] * p.passages_per_step)
         with timer("propose"):  # line 2: I completions per passage
-            prompts = [self.generator_prompt(self.proposer, document=k) for k in passages]
+            prompts = [self.generator_prompt(self.proposer, self.generator_format.prompt(self.proposer.prompt_style,
+                                                                                       document=k))
+                       for k in passages]
             groups = self.sample_groups(self.proposer, prompts, p.proposals, step_seed(seed, step, "propose"),
                                         self.proposer_sampling)
         proposals = [Proposal(k, g, c) for g, (k, group) in enumerate(zip(passages, groups)) for c in group]
         for x in proposals:  # line 3: q_i, a_i*
-            generation = self.read_generation(x.output, document=x.passage)
+            generation = self.generator_format.parse(x.completion, self.style, document=x.passage)
             x.question, x.answer = generation.question, generation.answer
             x.oracle = self.task.oracle(x.question, self.solver_doc(x.passage), x.answer, x.answer)
         self.watch_format(step, sum(bool(x.question and x.answer) for x in proposals), len(proposals))
@@ -408,7 +428,8 @@ class PasoDoble(GeneratorRecipe):
         if not proposals:
             return
         prompts = [self.solver_policy.format_prompt(self.task.solver_prompt(x.question, self.solver_doc(x.passage),
-                                                                              self.style)) for x in proposals]
+                                                                              self.style))
+                   for x in proposals if x.question is not None]
         rng = random.Random(seed)
         for x, (group, answers) in zip(proposals, self.solve_groups(self.solver_policy, prompts, self.params.solutions,
                                                                     seed)):
@@ -457,7 +478,7 @@ class PasoDoble(GeneratorRecipe):
         """GRPO on all I proposals per passage (skipped for the frozen-Proposer ablation)."""
         if self.config.frozen_generator:
             return {}
-        samples = train_samples([x.output for x in proposals], [x.advantage for x in proposals])
+        samples = train_samples([x.completion for x in proposals], [x.advantage for x in proposals])
         return {**role_metrics("proposer", self.proposer_trainer.update(samples)),
                 "generator/advantage_abs_mean": mean([abs(x.advantage) for x in proposals])}
 
@@ -510,7 +531,7 @@ class PasoDoble(GeneratorRecipe):
             "questions/retained": float(len(retained)),
             "questions/retained_label_correct": mean([float(c) for c in audited]),
             "history/size": float(len(self.history)),
-            "tokens/generator": sum(len(x.output.token_ids) for x in proposals),
+            "tokens/generator": sum(len(x.completion.token_ids) for x in proposals),
             "tokens/solver": sum(len(s.token_ids) for x in proposals for s in x.solutions),
         }
 
@@ -519,7 +540,7 @@ class PasoDoble(GeneratorRecipe):
         rows = []
         for i, x in enumerate(proposals):
             rows.append(generator_row(
-                step, None, "propose", x.output, question=x.question, question_id=f"s{step}-q{i}",
+                step, None, "propose", x.completion, question=x.question, question_id=f"s{step}-q{i}",
                 valid=bool(x.question and x.answer), answer=x.answer, label=x.answer, label_source="generator",
                 solve_rate=x.p if x.question else None, reward=x.reward,
                 reward_terms={"p_raw": x.p_raw, "leak": x.leak, "r_div": x.r_div}, advantage=x.advantage,

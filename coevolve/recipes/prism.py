@@ -55,7 +55,7 @@ from coevolve.rewards.uncertainty import in_band
 
 # The reference corpus and K of the cluster space per task world, where params leave them unset: generated arithmetic
 # questions with K = 32; the MATH test problems outside MATH-500 with the paper's K = 128.
-CLUSTER_SPACES = {"arith": ("arith", 32), "chat": ("math_minus_math500", 128)}
+CLUSTER_SPACES: dict[str, tuple[ReferenceCorpus, int]] = {"arith": ("arith", 32), "chat": ("math_minus_math500", 128)}
 
 
 class PrismParams(RZeroParams):
@@ -87,6 +87,7 @@ class Prism(RZero):
     summary = ("R-Zero's schedule; questioner reward zpd(p) * (1 + lambda * rarity of its embedding cluster) with "
                "persistent decayed cluster counts; questioner re-initialised from the solver each iteration")
     Params = PrismParams
+    params: PrismParams
     presets = {
         "small": {"model": "tiny-arith", "task": "arith", "steps": 104, "eval_every": 26, "train": SMALL_TRAIN,
                   "params": {"gamma": 0.95}},
@@ -115,7 +116,10 @@ class Prism(RZero):
 
     def assign(self, questions: list[Question]) -> np.ndarray:
         """c(q) = argmax_k <f(q), mu_k> (eq. 9), stored on each question."""
-        ids = self.space.assign(self.embed_texts([q.text for q in questions])) if questions else np.zeros(0, int)
+        texts = [q.text for q in questions if q.text is not None]
+        if len(texts) != len(questions):
+            raise ValueError("only questions with a text are assigned a cluster")
+        ids = self.space.assign(self.embed_texts(texts)) if questions else np.zeros(0, int)
         for q, c in zip(questions, ids):
             q.cluster = int(c)
         return ids
@@ -147,7 +151,8 @@ class Prism(RZero):
         give_rewards(questions, prism_rewards(scored_questions(questions),  # line 14
                                               [float(rarity.get(id(q), 0.0)) for q in questions], band, p.lam,
                                               p.zpd_gate))
-        self.coverage.update([q.cluster for q in counted])  # line 17, after the rewards (line 16 follows in step)
+        # line 17, after the rewards (line 16 follows in step)
+        self.coverage.update([int(c) for q, c in zip(scored, ids) if id(q) in counted_ids])
         d_values = [float(x) for x in rarity.values()]
         counts = self.coverage.counts
         return {"prism/assigned": len(counted), "prism/rarity_mean": mean(d_values),

@@ -34,11 +34,20 @@ import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from coevolve.formats import ANSWER, LINE, Generation, GeneratorFormat, arith_format, one_line
+from coevolve.formats import (
+    ANSWER,
+    LINE,
+    Generation,
+    GeneratorFormat,
+    OutputParser,
+    PromptBuilder,
+    arith_format,
+    one_line,
+)
 from coevolve.grading.extract import extract_boxed, tag_blocks
 from coevolve.grading.guard import parses_model_text
 from coevolve.grading.vote import VoteResult, majority_vote
@@ -79,13 +88,9 @@ QUESTIONER_PROMPT = (
     "Do NOT output anything else.\n\n"
     "Generate one new, challenging reasoning question now. Remember to format the output exactly as instructed."
 )
-CHAT_FORMAT = GeneratorFormat(
-    lambda style, **_: QUESTIONER_PROMPT, lambda output, style, **_: Generation(*parse_questioner_output(output.text)),
-    description="<question>\\n{the problem}\\n</question>\\n\\n\\boxed{final answer}",
-    regex=r"<question>\n" + LINE + r"\n</question>\n\n\\boxed\{" + ANSWER + r"\}",
-    render=lambda e: f"<question>\n{one_line(e.question)}\n</question>\n\n\\boxed{{{e.answer}}}")
 MISSING_ANSWER = "None"  # what mathruler's extract_boxed_content returns for a sample without a box (both codes)
-BLEU_TOKENS = {"chat": "none", "arith": "char"}  # the repetition penalty's BLEU tokens per world: words, characters
+# The repetition penalty's BLEU tokens per world: words, characters.
+BLEU_TOKENS: dict[str, BleuTokens] = {"chat": "none", "arith": "char"}
 
 # The optimizer of both codes (R-Zero's EasyR1 and Prism's verl actor configs), which the papers leave open: clip
 # 0.2/0.3 with dual clip c = 3, AdamW with weight decay 0.01; each phase is a new training job, so its AdamW starts
@@ -107,7 +112,7 @@ PRISM_LR = {"lr_warmup_ratio": 0.1, "lr_min_ratio": 0.1}
 # on the cosine schedule (PRISM_LR).
 PRISM_ROLES = {"questioner": {"mini_batch_size": 16 * 4, "epochs": 2, "lr_schedule": "cosine"},
                "solver": {"mini_batch_size": 128 * 8, "epochs": 2, "lr_schedule": "cosine"}}
-PAPER_SCALE = {
+PAPER_SCALE: dict[str, Any] = {
     "model": "smollm2-135m", "task": "math", "steps": 104, "eval_every": 26, "roles": PRISM_ROLES,
     "rollout": {"temperature": 1.0, "top_p": 0.99, "top_k": 0, "max_new_tokens": 4096,
                 "scoring": {"top_p": 1.0, "top_k": 40}},
@@ -243,6 +248,11 @@ def parse_questioner_output(text: str, require_answer: bool = True) -> tuple[str
     return (question if question and (answer or not require_answer) else None), answer
 
 
+CHAT_FORMAT: GeneratorFormat[PromptBuilder, OutputParser] = GeneratorFormat(
+    lambda style, **_: QUESTIONER_PROMPT, lambda output, style, **_: Generation(*parse_questioner_output(output.text)),
+    description="<question>\\n{the problem}\\n</question>\\n\\n\\boxed{final answer}",
+    regex=r"<question>\n" + LINE + r"\n</question>\n\n\\boxed\{" + ANSWER + r"\}",
+    render=lambda e: f"<question>\n{one_line(e.question)}\n</question>\n\n\\boxed{{{e.answer}}}")
 ARITH_FORMAT = arith_format()
 
 
@@ -257,7 +267,7 @@ def has_think_format(text: str) -> bool:
 
 
 @register
-class RZero(GeneratorRecipe):
+class RZero(GeneratorRecipe[RZeroParams, PromptBuilder, OutputParser]):
     name = "r_zero"
     summary = ("questioner and solver in alternating GRPO phases; uncertainty reward minus BLEU-cluster repetition "
                "penalty; majority-vote labels, pool band filter")
@@ -265,7 +275,8 @@ class RZero(GeneratorRecipe):
     Params = RZeroParams
     phased = True
     scores_questions = True
-    formats = {"chat": CHAT_FORMAT, "arith": ARITH_FORMAT}
+    formats: ClassVar[dict[str, GeneratorFormat[PromptBuilder, OutputParser]]] = {
+        "chat": CHAT_FORMAT, "arith": ARITH_FORMAT}
     label_with_tools = True  # the pool's labels are voted by episodes when ``rollout.tools`` is on
     defaults = {"steps": 104, "eval_every": 26, "rollout": {"temperature": 1.0, "max_new_tokens": 64},
                 "train": {"lr": 3e-5, "grad_clip": 1.0}}
@@ -281,7 +292,8 @@ class RZero(GeneratorRecipe):
         # S_0 = M_0 and Q_0 (a copy of M_0, or a format warm-up's model)
         self.solver_policy, self.questioner = self.load_solver_and_generator("questioner")
         self.solver_trainer, self.questioner_trainer = self.trainers()["solver"], self.trainers()["questioner"]
-        self.question_prompt = self.generator_prompt(self.questioner)
+        self.question_prompt = self.generator_prompt(self.questioner,
+                                                     self.generator_format.prompt(self.questioner.prompt_style))
         self.question_sampling = self.generator_sampling(replace(self.sampling,
                                                                  max_new_tokens=params.question_max_tokens))
         self.pool_sampling = replace(self.question_sampling, top_p=params.pool_top_p or self.sampling.top_p)
@@ -411,7 +423,7 @@ class RZero(GeneratorRecipe):
                    self.label_sampling, tools=self.label_with_tools)
         self.describe_pool(candidates)
         self.pool = [PoolItem(q.text, q.label, q.p, f"i{t}-pool{i}") for i, q in enumerate(candidates)
-                     if self.keep(q)]
+                     if self.keep(q) and q.text is not None and q.label is not None and q.p is not None]
         self.pool_iteration = t
         return candidates
 
@@ -444,7 +456,7 @@ class RZero(GeneratorRecipe):
         if self.params.missing_answer_votes == "code" and self.world == "chat":
             generation = Generation(*parse_questioner_output(output.text, require_answer=False))
         else:
-            generation = self.read_generation(output)
+            generation = self.generator_format.parse(output, self.style)
         return Question(output, generation.question, generation.answer)
 
     def solver_prompt(self, question: str) -> str:
@@ -455,10 +467,10 @@ class RZero(GeneratorRecipe):
         """Majority answer and p(q) (share of samples agreeing with it) of every valid question, from ``samples``
         solver votes sampled with ``sampling`` (unset: ``rollout.scoring``); ``tools`` false: single turns even with
         ``rollout.tools``."""
-        valid = [q for q in questions if q.text is not None]
-        solved = self.solve_groups(self.solver_policy, [self.solver_prompt(q.text) for q in valid], samples, seed,
+        valid = [(q, q.text) for q in questions if q.text is not None]
+        solved = self.solve_groups(self.solver_policy, [self.solver_prompt(text) for _, text in valid], samples, seed,
                                    sampling or self.scoring_sampling, tools=tools)
-        for q, (group, answers) in zip(valid, solved):
+        for (q, _), (group, answers) in zip(valid, solved):
             q.answers = answers
             q.solver_tokens = sum(len(c.token_ids) for c in group)
             q.solver_tool_calls = [c.tool_calls for c in group]
@@ -512,7 +524,7 @@ class RZero(GeneratorRecipe):
         scored = [q for q in candidates if q.p is not None]
         return {
             "pool/candidates": len(candidates), "pool/valid_rate": len(scored) / len(candidates),
-            "pool/solve_rate_mean": mean([q.p for q in scored]),
+            "pool/solve_rate_mean": mean([q.p for q in candidates if q.p is not None]),
             "pool/kept_rate": len(self.pool) / len(candidates),
             "pool/distinct_rate": len({q.text for q in scored}) / len(candidates),
         }

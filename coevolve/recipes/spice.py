@@ -26,7 +26,7 @@ import hashlib
 import random
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import Field
 
@@ -115,6 +115,18 @@ def read_arith_task(output: Completion, style: str, document: str, **_: Any) -> 
     return Generation(question, parsed.answer.strip()) if question else Generation(None)
 
 
+class ChallengerPromptBuilder(Protocol):
+    """The Challenger's user message: ``prompt(style, document=..., form=...)`` for its document and task form."""
+
+    def __call__(self, style: str, /, *, document: str, form: Form) -> str: ...
+
+
+class ChallengerOutputParser(Protocol):
+    """The reading of one Challenger output written over ``document`` in ``form``."""
+
+    def __call__(self, output: Completion, style: str, /, *, document: str, form: Form) -> Generation: ...
+
+
 class SpiceParams(GeneratorParams):
     """Algorithm 1's inputs (B, G, K, ρ, the Gaussian's centre and width), the task forms and the corpus."""
 
@@ -164,14 +176,14 @@ class Task:
 
 
 @register
-class Spice(GeneratorRecipe):
+class Spice(GeneratorRecipe[SpiceParams, ChallengerPromptBuilder, ChallengerOutputParser]):
     name = "spice"
     summary = ("one model: a Challenger writes document-grounded tasks (multiple choice or free-form) and a Reasoner "
                "answers them without the document; Challenger rewarded by a Gaussian of the Reasoner's success "
                "variance; Dr.GRPO")
     roles = ("policy",)
     Params = SpiceParams
-    formats = {
+    formats: ClassVar[dict[str, GeneratorFormat[ChallengerPromptBuilder, ChallengerOutputParser]]] = {
         "chat": GeneratorFormat(
             lambda style, document, form="free_form", **_: CHALLENGER_PROMPT.format(document=document,
                                                                                     form=FORM_RULES[form]),
@@ -278,27 +290,30 @@ class Spice(GeneratorRecipe):
 
     def challenge(self, docs: list[str], forms: list[Form], seed: int) -> list[Task]:
         """G Challenger outputs per document, each read as a task of the document's form."""
-        prompts = [self.generator_prompt(self.policy, document=d, form=f) for d, f in zip(docs, forms)]
+        prompts = [self.generator_prompt(self.policy, self.generator_format.prompt(self.policy.prompt_style, document=d,
+                                                                                    form=f))
+                   for d, f in zip(docs, forms)]
         groups = self.sample_groups(self.policy, prompts, self.params.challenger_samples, seed,
                                     self.challenger_sampling)
         tasks = [Task(d, hashlib.sha1(d.encode()).hexdigest()[:16], g, f, c)
                  for g, (d, f, group) in enumerate(zip(docs, forms, groups)) for c in group]
         for t in tasks:
-            generation = self.read_generation(t.output, document=t.doc, form=t.form)
+            generation = self.generator_format.parse(t.output, self.style, document=t.doc, form=t.form)
             if generation.valid and generation.answer is not None:
                 t.question, t.key = generation.question, generation.answer
         return tasks
 
-    def reasoner_prompt(self, task: Task) -> str:
-        """The Reasoner's prompt: the question alone, never the document."""
-        question = task.question + (MCQ_INSTRUCTION if task.form == "mcq" else "")
+    def reasoner_prompt(self, question: str, form: Form) -> str:
+        """The Reasoner's prompt: the question alone (with the instruction of its form), never the document."""
+        question += MCQ_INSTRUCTION if form == "mcq" else ""
         return self.policy.format_prompt(self.task.solver_prompt(question, None, self.style))
 
     def reason(self, tasks: list[Task], seed: int) -> None:
         """K Reasoner answers per valid task, r_R = 1[a ≡ a*], Dr.GRPO (or GRPO) advantages within the K."""
         if not tasks:
             return
-        groups = self.solve_groups(self.policy, [self.reasoner_prompt(t) for t in tasks],
+        groups = self.solve_groups(self.policy, [self.reasoner_prompt(t.question, t.form) for t in tasks
+                                                 if t.question is not None],
                                    self.params.reasoner_samples, seed)
         for t, (answers, parsed) in zip(tasks, groups):
             if t.form == "mcq":
@@ -310,14 +325,14 @@ class Spice(GeneratorRecipe):
 
     def agrees(self, task: Task, answer: str | None) -> bool:
         """a ≡ a*: the same letter for multiple choice, the task's answer equivalence for free-form."""
-        if answer is None:
+        if answer is None or task.key is None:
             return False
         return answer == task.key if task.form == "mcq" else self.task.is_correct(answer, task.key)
 
     # --- logging ------------------------------------------------------------------------------------------------
     def step_metrics(self, tasks: list[Task]) -> dict[str, Any]:
         valid = [t for t in tasks if t.valid]
-        rates = [t.pass_rate for t in valid]
+        rates = [rate for t in valid if (rate := t.pass_rate) is not None]
         by_form = {f: [t for t in tasks if t.form == f] for f in ("mcq", "free_form")}
         return {
             "generator/reward_mean": mean([t.reward for t in tasks]),

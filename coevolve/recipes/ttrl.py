@@ -63,7 +63,7 @@ from coevolve.recipes.base import (
     step_seed,
     train_samples,
 )
-from coevolve.records import SampleRow, solver_row
+from coevolve.records import LabelSource, SampleRow, solver_row
 from coevolve.rewards.label_free import after_think, evol_rl_rewards, gaussian, restrain_advantages, weight_entropy
 from coevolve.rewards.majority import agreement_rewards, seeded_vote, vote_margin
 from coevolve.rl.advantages import compute_advantages
@@ -78,7 +78,7 @@ from coevolve.tasks.registry import Problem, Task, TaskDataError, get_task
 # Qwen2.5-Math at temperature 1.0 and Qwen2.5 / LLaMA-3.1-Instruct at 0.6; SmolLM2, a general chat model, takes 0.6
 # (for a Qwen2.5-Math model set rollout.temperature=1.0). docs/recipes/ttrl.md: each value's source.
 _CODE_ACTOR = {"kl_beta": 1e-3, "kl_clamp": 10.0, "dual_clip": 3.0, "weight_decay": 0.01}
-_PAPER = {
+_PAPER: dict[str, Any] = {
     "model": "smollm2-135m", "task": "math", "steps": 10 * 16, "eval_every": 16,
     "rollout": {"temperature": 0.6, "top_p": 1.0, "max_new_tokens": 3072},
     "train": {"lr": 5e-7, "lr_schedule": "cosine", "micro_batch_size": 2, "mini_batch_size": 32, "epochs": 1,
@@ -157,8 +157,8 @@ class Voted:
     vote: VoteResult
     trained: list[int]  # indices of the M samples in the update
     rewards: list[float]  # of the trained samples
-    label_correct: bool | None  # majority label = ground truth (None: no ground truth)
-    terms: list[dict[str, float]]  # per vote sample: the reward's terms (majority: agreement only)
+    label_correct: bool  # majority label = ground truth
+    terms: list[dict[str, Any]]  # per vote sample: the reward's terms (majority: agreement only; a novelty may be None)
     advantages: list[float] | None = None  # restrain: the trained samples' advantages (others: GRPO on the rewards)
     restrain: dict[str, float] | None = None  # restrain: the question's penalty, weight entropy and candidates
 
@@ -181,7 +181,7 @@ def training_subset(n: int, m: int, how: str, seed: int) -> list[int]:
 
 
 @register
-class TTRL(Recipe):
+class TTRL(Recipe[TTRLParams]):
     name = "ttrl"
     summary = ("baseline: test-time RL on unlabeled questions; reward 1 for agreeing with the majority answer of N "
                "samples, GRPO on a subset")
@@ -280,8 +280,9 @@ class TTRL(Recipe):
                      for index, problem, (group, answers), embeddings in zip(indices, problems, solved, embedded)]
             rewards = [r for v in voted for r in v.rewards]
             group_ids = [g for g, v in enumerate(voted) for _ in v.trained]
+            advantages: Sequence[float] | np.ndarray
             if p.label_free_reward == "restrain":  # line 6: RESTRAIN's weighted, penalised advantages
-                advantages = [a for v in voted for a in v.advantages]
+                advantages = [a for v in voted if v.advantages is not None for a in v.advantages]
             else:
                 advantages = compute_advantages(p.advantage, rewards, group_ids)  # line 6
         with timer("update_solver"):
@@ -326,13 +327,14 @@ class TTRL(Recipe):
         p, seed = self.params, self.config.seed
         vote = seeded_vote(answers, step_seed(seed, step, f"tie:{index}"), self.vote_equivalence)
         trained = training_subset(p.vote_samples, p.train_samples, p.subset, step_seed(seed, step, f"subset:{index}"))
-        terms: list[dict[str, float]] = [{"agree": float(agree)} for agree in vote.agree]
+        terms: list[dict[str, Any]] = [{"agree": float(agree)} for agree in vote.agree]
         advantages, restrain = None, None
         if p.label_source == "ground_truth":
             rewards = [float(self.task.is_correct(answers[i], problem.answer)) for i in trained]
         elif p.label_free_reward == "majority":
             rewards = agreement_rewards(vote, trained)
         elif p.label_free_reward == "evol_rl":  # over all N vote samples, then the trained ones take theirs
+            assert embeddings is not None, "embed_groups embeds every group under evol_rl"
             valid = [c >= 0 for c in vote.classes]
             all_rewards, novelty = evol_rl_rewards(embeddings, valid, vote.agree)
             rewards = [float(all_rewards[i]) for i in trained]
@@ -340,6 +342,7 @@ class TTRL(Recipe):
                 t.update({"valid": float(ok), "novelty": None if np.isnan(u) else float(u), "evol_rl": float(r)})
         else:  # restrain: every distinct answer a pseudo-label
             counts = [vote.classes.count(j) for j in range(max(vote.classes, default=-1) + 1)]
+            assert self.prompt_weights is not None, "set before step 1 under restrain"
             u_x = self.prompt_weights[f"pool{index}"]
             adv, weights, penalised = restrain_advantages(
                 [vote.classes[i] for i in trained], counts, p.vote_samples, k=p.restrain_k, sigma=p.restrain_sigma,
@@ -365,7 +368,7 @@ class TTRL(Recipe):
                     "evol_rl/valid_rate": mean([t["valid"] for v in voted for t in v.terms])}
         if self.params.label_free_reward == "restrain":
             return {f"restrain/{name}_mean" if name != "penalised" else "restrain/penalised_rate":
-                    mean([v.restrain[name] for v in voted])
+                    mean([v.restrain[name] for v in voted if v.restrain is not None])
                     for name in ("penalised", "weight_entropy", "candidates", "prompt_weight")}
         return {}
 
@@ -391,10 +394,10 @@ class TTRL(Recipe):
             "solver/none_rate": mean([float(a is None) for v in voted for a in v.answers]),
         }
 
-    def records(self, step: int, voted: list[Voted], advantages: Sequence[float]) -> list[SampleRow]:
+    def records(self, step: int, voted: list[Voted], advantages: Sequence[float] | np.ndarray) -> list[SampleRow]:
         """One solver row per vote sample; ``trained`` marks the M that entered the update."""
         rows, k = [], 0
-        label_source = "majority" if self.params.label_source == "majority" else "ground_truth"
+        label_source: LabelSource = "majority" if self.params.label_source == "majority" else "ground_truth"
         for v in voted:
             trained = {i: j for j, i in enumerate(v.trained)}
             for i, (c, a) in enumerate(zip(v.group, v.answers)):

@@ -37,7 +37,7 @@ def zpd_gate(p: float, peak: float = 0.75, width: float = 0.4, low: float = 0.5,
     return max(0.0, 1.0 - abs(p - peak) / width)
 
 
-def rarity_bonus(counts: np.ndarray, ids: Sequence[int]) -> np.ndarray:
+def rarity_bonus(counts: np.ndarray, ids: Sequence[int] | np.ndarray) -> np.ndarray:
     """d(q) = exp(-n_c(q) / n_bar), n_bar = mean_k n_k (guarded at 1e-8), for each cluster id (eq. 10)."""
     counts = np.asarray(counts, dtype=np.float64)
     mean = max(float(counts.mean()), 1e-8)
@@ -62,14 +62,14 @@ class CoverageCounts:
         if k < 1 or not 0.0 < gamma < 1.0 or alpha <= 0:
             raise ValueError(f"need k >= 1, 0 < gamma < 1 and alpha > 0, got {k}, {gamma}, {alpha}")
         self.gamma, self.alpha = gamma, alpha
-        self.counts = np.full(k, alpha, dtype=np.float64)
+        self.counts: np.ndarray = np.full(k, alpha, dtype=np.float64)
         self.updates = 0  # batches that changed the counts
 
-    def rarity(self, ids: Sequence[int]) -> np.ndarray:
+    def rarity(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """d for each cluster id from the current counts (call before :meth:`update` of the same batch)."""
         return rarity_bonus(self.counts, ids)
 
-    def update(self, ids: Sequence[int]) -> None:
+    def update(self, ids: Sequence[int] | np.ndarray) -> None:
         """Decay every n_k once by gamma, then add 1 - gamma per assigned question; nothing for an empty batch."""
         if len(ids) == 0:
             return

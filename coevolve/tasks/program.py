@@ -37,11 +37,11 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
-from coevolve.data.benchmarks import Benchmark, EvalItem, register
+from coevolve.data.benchmarks import Benchmark, EvalItem, Rows, register
 from coevolve.grading.guard import parses_model_text
 from coevolve.tasks import arith
 from coevolve.tasks.triplets import (
@@ -272,7 +272,7 @@ def check(kind: Kind, task: Triplet, answer: str | None) -> bool:
     return maps_pairs(answer, task.hidden)
 
 
-def maps_pairs(answer: str, pairs: Sequence[tuple[str, str]]) -> bool:
+def maps_pairs(answer: str, pairs: Sequence[Sequence[str]]) -> bool:
     """Whether the program in ``answer`` maps every (input, output) pair."""
     program = read_program(answer)
     return program is not None and all(str(run(program, int(i))) == o for i, o in pairs)
@@ -291,7 +291,10 @@ class TinyProgramWorld(ProgramWorld):
         self._stats = ExecutionStats()
 
     def seed_triplet(self) -> Triplet:
-        return make_triplet("x", [1])
+        triplet = make_triplet("x", [1])
+        if triplet is None:
+            raise ValueError("the identity program on input 1 left the program world's bounds")
+        return triplet
 
     def proposer_prompt(self, kind, references, style):
         _compact_only(style)
@@ -381,10 +384,13 @@ def check_spec(kind: Kind, task: Triplet) -> str:
     return "ind|" + ";".join(f"{i}>{o}" for i, o in task.hidden)
 
 
+_KIND_CODES: dict[str, Kind] = {"ded": "deduction", "abd": "abduction", "ind": "induction"}  # check_spec's codes
+
+
 def check_against_spec(tagged_answer: str | None, spec: str) -> bool:
     """Whether a tagged answer (:func:`read_tagged`) satisfies a check spec (:func:`check_spec`)."""
     code, _, rest = spec.partition("|")
-    kind = {"ded": "deduction", "abd": "abduction", "ind": "induction"}.get(code)
+    kind = _KIND_CODES.get(code)
     if kind is None or tagged_answer is None or tagged_answer[:2] != TAGS[kind]:
         return False
     answer = tagged_answer[2:].strip()
@@ -403,6 +409,12 @@ def _items(kind: Kind, set_name: str) -> list[EvalItem]:
 
 
 PROGRAM_SETS = tuple(f"prog_{kind}" for kind in KINDS)
+
+
+def _build_items(kind: Kind) -> Callable[[Rows], list[EvalItem]]:
+    """The held-out set of ``kind`` as a benchmark builds it (the rows it is given are not read)."""
+    return lambda _rows: _items(kind, f"prog_{kind}")
+
+
 register(*[Benchmark(f"prog_{kind}", "program", f"program world, held-out {kind} tasks ({HELD_OUT_SIZE}, programs "
-                     f"of 1-3 operations)", lambda _rows, kind=kind: _items(kind, f"prog_{kind}"),
-                     expected_rows=HELD_OUT_SIZE) for kind in KINDS])
+                     f"of 1-3 operations)", _build_items(kind), expected_rows=HELD_OUT_SIZE) for kind in KINDS])

@@ -472,8 +472,8 @@ class PythonWorld(ProgramWorld):
                     output = None if reason else self.output(first.value)
                     reason = reason or ("error" if output is None else None)
                     outputs.append(output)
-            out.append(Validation(Triplet(p.program, p.inputs, tuple(outputs), p.message)) if reason is None
-                       else Validation(None, reason))
+            out.append(Validation(Triplet(p.program, p.inputs, tuple(o for o in outputs if o is not None), p.message))
+                       if reason is None else Validation(None, reason))
         return out
 
     def output(self, raw: str | None) -> str | None:
@@ -491,8 +491,10 @@ class PythonWorld(ProgramWorld):
             text = None
         else:
             text = raw if raw is not None else repr(value)
-        if text is None or self.rules.output_chars is not None:
-            return text if text is None else truncate(text, self.rules.output_chars)
+        if text is None:
+            return None
+        if self.rules.output_chars is not None:
+            return truncate(text, self.rules.output_chars)
         return text if len(text) <= MAX_VALUE_CHARS else None
 
     def same(self, answer: str | None, gold: str) -> bool:

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-KINDS = ("deduction", "abduction", "induction")
 Kind = Literal["deduction", "abduction", "induction"]
+KINDS: tuple[Kind, ...] = ("deduction", "abduction", "induction")
 # Why a proposal is not a valid task: its text lacks the format's parts; the program (or an input) does not parse;
 # it uses a forbidden module; running it raised, returned nothing or left the world's bounds; it ran out of time or of
 # another resource (memory, output, processes); two runs disagreed.

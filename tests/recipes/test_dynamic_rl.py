@@ -9,7 +9,7 @@ from collections import defaultdict
 import helpers
 import pytest
 import torch
-from helpers import records
+from helpers import read_generations, records
 
 from coevolve.formats import Generation
 from coevolve.recipes import resolve
@@ -222,7 +222,7 @@ def test_step_on_a_random_model(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.n=3", "params.m=2", "params.question_max_tokens=8",
                          "rollout.max_new_tokens=8")
     # a random model writes no parsable question: give each output a question so the solver role runs too
-    recipe.read_generation = lambda output: Generation(f"{len(output.token_ids)}+{output.text.count('1')}")
+    read_generations(recipe, lambda output, style: Generation(f"{len(output.token_ids)}+{output.text.count('1')}"))
     batches = spy_updates(recipe)
     out = recipe.step(1)
     gens = [r for r in records(out) if r["role"] == "generator"]

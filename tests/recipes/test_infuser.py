@@ -7,7 +7,7 @@ import json
 import helpers
 import numpy as np
 import pytest
-from helpers import records
+from helpers import read_generations, records
 from typer.testing import CliRunner
 
 from coevolve.cli import app
@@ -36,8 +36,8 @@ def make_recipe(model_dir, *sets):
     # The random model writes neither questions nor answers: read about two outputs in three as the question "a+b"
     # with key "1", and a solver answer as the parity of its characters' code sum, so groups have variance. (The
     # outputs run to the token budget, so their lengths barely vary: a length rule would read them all alike.)
-    recipe.read_generation = lambda output, document: (Generation("a+b", "1") if sum(map(ord, output.text)) % 3
-                                                       else Generation(None))
+    read_generations(recipe, lambda output, style, document: (Generation("a+b", "1") if sum(map(ord, output.text)) % 3
+                                                              else Generation(None)))
     recipe.task.parse_answer = lambda text, style: str(sum(map(ord, text)) % 2)
     recipe.dev = [Problem("a+b", "1", "a=1,b=0,c=0"), Problem("a*b", "0", "a=1,b=0,c=0")]
     return recipe
@@ -140,7 +140,7 @@ def canned(model_dir, keys, *sets):
     recipe.dev = [Problem("a+b", "1", DOC)] * 2
     recipe.documents.take = lambda seed, start, n: [DOC] * n
     order = iter(keys)
-    recipe.read_generation = lambda output, document: Generation(*next(order))
+    read_generations(recipe, lambda output, style, document: Generation(*next(order)))
     tokenizer = recipe.solver_policy.tokenizer
 
     def sample_groups(policy, prompts, group_size, seed, sampling=None):

@@ -8,7 +8,7 @@ import helpers
 import numpy as np
 import pytest
 import torch
-from helpers import records
+from helpers import read_generations, records
 
 from coevolve.formats import Generation
 from coevolve.loop import run
@@ -34,7 +34,7 @@ def make_recipe(model_dir, *sets):
     return recipe, recipe.config
 
 
-def always_valid(output: Completion, rules: str = "paper") -> Generation:
+def always_valid(output: Completion, style: str, rules: str = "paper") -> Generation:
     """Reads any completion of the random model as a valid problem (it never writes one)."""
     question = f"{len(output.text) % 7}+{len(output.text) % 5}"
     return Generation(question, concepts=expression_concepts(question), format_score=1.0)
@@ -42,7 +42,7 @@ def always_valid(output: Completion, rules: str = "paper") -> Generation:
 
 def test_step_on_random_model_writes_both_roles(random_model_dir):
     recipe, _ = make_recipe(random_model_dir)
-    recipe.read_generation = always_valid
+    read_generations(recipe, always_valid)
     out = recipe.step(1)
     gens = [r for r in records(out) if r["role"] == "generator"]
     sols = [r for r in records(out) if r["role"] == "solver"]
@@ -206,7 +206,7 @@ def test_run_resume_restores_the_pool(tmp_path, random_model_dir):
     def recipe_for(steps):
         recipe, config = make_recipe(random_model_dir, f"steps={steps}", "params.batch_size=8", "params.group_size=2",
                                      "rollout.max_new_tokens=8")
-        recipe.read_generation = always_valid
+        read_generations(recipe, always_valid)
         return recipe, config
 
     straight, config = recipe_for(2)

@@ -7,7 +7,7 @@ import json
 
 import helpers
 import pytest
-from helpers import records
+from helpers import read_generations, records
 from typer.testing import CliRunner
 
 from coevolve.cli import app
@@ -55,18 +55,18 @@ def make_recipe(model_dir, *sets):
 
 def posing(question: str):
     """A stand-in reader: the random model never writes a question, so every completion poses ``question``."""
-    return lambda output, document: Generation(question, "7")
+    return lambda output, style, document: Generation(question, "7")
 
 
 def test_history_semantics(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_sim=0.5")
-    recipe.read_generation = posing("a+b")
+    read_generations(recipe, posing("a+b"))
     xs = recipe.propose_and_score(1, _timer())
     assert [x.r_div for x in xs[:3]] == [1.0, 0.0, 0.0]  # paper: each q_i enters H after it is scored
     assert len(recipe.history) == 6
     snap = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_sim=0.5",
                        "params.history_update=snapshot", "params.tau_low=0")
-    snap.read_generation = posing("a+b")
+    read_generations(snap, posing("a+b"))
     xs = snap.propose_and_score(1, _timer())
     assert any(x.p > 0 for x in xs) and all(x.r_div == 1.0 for x in xs) and len(snap.history) == 6
 
@@ -81,7 +81,7 @@ def test_a_question_that_states_its_answer_gets_pass_rate_zero(random_model_dir)
     """The recipe applies the leak check (word form): "7*a" states its answer 7, "17*a" does not."""
     recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_low=0")
     for question, leaks in (("7*a", True), ("17*a", False)):
-        recipe.read_generation = posing(question)
+        read_generations(recipe, posing(question))
         xs = recipe.propose_and_score(1, _timer())
         assert all(x.leak == leaks for x in xs) and any(x.p_raw > 0 for x in xs)
         assert [x.p for x in xs] == [0.0 if leaks else x.p_raw for x in xs]
@@ -91,7 +91,7 @@ def test_a_question_that_states_its_answer_gets_pass_rate_zero(random_model_dir)
 
 def test_online_step_trains_only_retained_questions(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_low=0")
-    recipe.read_generation = posing("a+b")
+    read_generations(recipe, posing("a+b"))
     out = recipe.step(1)
     gens = [r for r in records(out) if r["role"] == "generator"]
     sols = [r for r in records(out) if r["role"] == "solver"]
@@ -110,7 +110,7 @@ def test_online_step_trains_only_retained_questions(random_model_dir):
 def test_frozen_proposer_is_not_updated(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_low=0",
                          "frozen_generator=true")
-    recipe.read_generation = posing("a+b")
+    read_generations(recipe, posing("a+b"))
     before = [p.detach().clone() for p in recipe.proposer.model.parameters()]
     out = recipe.step(1)
     assert "solver/loss" in out.metrics and "proposer/loss" not in out.metrics
@@ -121,7 +121,7 @@ def test_offline_schedule_buffer_and_eviction(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.mode=offline", "params.solver_reward=random_full",
                          "params.tau_low=0", "params.proposer_steps=1", "params.solver_steps=2",
                          "params.replay_batch=4")
-    recipe.read_generation = posing("a+b")
+    read_generations(recipe, posing("a+b"))
     for step in range(1, 4):
         out = recipe.step(step)
         if out.metrics["phase_proposer"] and not out.metrics["skipped"]:
@@ -159,7 +159,7 @@ def test_cli_run_and_resume(tmp_path, random_model_dir):
 def test_sequential_history_takes_every_proposal(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_sim=0.5")
     texts = iter(["a+b", None, "a+b", None, "c*d", "c*d"])
-    recipe.read_generation = lambda output, document: (lambda q: Generation(q, "7" if q else None))(next(texts))
+    read_generations(recipe, lambda output, style, document: (lambda q: Generation(q, "7" if q else None))(next(texts)))
     xs = recipe.propose_and_score(1, _timer())
     # H after each push: {ab}, {ab, ∅}, ...: r_div = share of H not Jaccard-similar (> 0.5); two empty sets are similar
     assert [x.r_div for x in xs[:3]] == pytest.approx([1.0, 1.0, 0.5])
@@ -169,11 +169,11 @@ def test_sequential_history_takes_every_proposal(random_model_dir):
 def test_max_updates_counts_updates_not_iterations(random_model_dir):
     recipe = make_recipe(random_model_dir, "params.solver_reward=random_full", "params.tau_low=0",
                          "params.max_updates=1", "roles.solver.mini_batch_size=5", "roles.solver.epochs=2")
-    recipe.read_generation = posing(None)  # nothing posed: the iteration is skipped and does not count
+    read_generations(recipe, posing(None))  # nothing posed: the iteration is skipped and does not count
     out = recipe.step(1)
     assert out.metrics["skipped"] == 1.0 and out.metrics["updates"] == 0.0
     assert (out.metrics.get("proposer/optimizer_steps", 0), out.metrics.get("solver/optimizer_steps", 0)) == (0, 0)
-    recipe.read_generation = posing("a+b")
+    read_generations(recipe, posing("a+b"))
     for step in range(2, 12):  # random rewards: some iteration retains a question and updates
         out = recipe.step(step)
         if not out.metrics["skipped"]:

@@ -12,6 +12,7 @@ import statistics
 
 import pytest
 import torch
+from helpers import read_generations
 from test_r_zero import completion, make, stub_labels, stub_questions
 
 from coevolve.formats import Generation
@@ -129,7 +130,7 @@ def _pasodoble(model_dir, *sets):
         "params.solutions=4", "rollout.max_new_tokens=8", "params.proposer_max_tokens=8", "train.lr=1e-2",
         "params.solver_reward=random_full", "params.tau_low=0", *sets])
     recipe = cls(config, params)
-    recipe.read_generation = lambda output, document: Generation("a+b", "7")
+    read_generations(recipe, lambda output, style, document: Generation("a+b", "7"))
     return recipe, config
 
 

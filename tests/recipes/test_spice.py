@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import math
 import signal
+from dataclasses import replace
 
 import helpers
 import pytest
-from helpers import records
+from helpers import read_generations, records
 from run_checks import assert_same_training, run_killed, train_rows
 from typer.testing import CliRunner
 
@@ -65,8 +66,9 @@ def make_recipe(model_dir, *sets):
         *sets, preset="small")
     # The random model writes neither tasks nor answers: read two outputs in three as the task "1+2" with key "3",
     # and an answer as "3" or "4" by the parity of its characters' code sum, so Reasoner groups have variance.
-    recipe.read_generation = lambda output, document, form: (Generation("1+2", "3") if sum(map(ord, output.text)) % 3
-                                                             else Generation(None))
+    read_generations(recipe, lambda output, style, document, form: (Generation("1+2", "3")
+                                                                    if sum(map(ord, output.text)) % 3
+                                                                    else Generation(None)))
     recipe.task.parse_answer = lambda text, style: str(3 + sum(map(ord, text)) % 2)
     return recipe
 
@@ -172,9 +174,10 @@ def test_multiple_choice_step_in_the_chat_world(tmp_path, random_model_dir, monk
                                  "params.reasoner_samples=4", "rollout.max_new_tokens=6",
                                  "params.challenger_max_tokens=6")
     prompts = []
-    generator_prompt = recipe.generator_prompt
-    recipe.generator_prompt = lambda policy, **inputs: prompts.append(inputs) or generator_prompt(policy, **inputs)
-    recipe.read_generation = lambda output, document, form: Generation(f"Which? {document[:5]}", "C")
+    prompt = recipe.generator_format.prompt
+    recipe.generator_format = replace(recipe.generator_format,
+                                      prompt=lambda style, **inputs: prompts.append(inputs) or prompt(style, **inputs))
+    read_generations(recipe, lambda output, style, document, form: Generation(f"Which? {document[:5]}", "C"))
     letters = iter("CBCC" "BBBB" "CCCC" "CBBB")  # the Reasoner's letters, task by task
     monkeypatch.setattr(spice, "extract_answer", lambda text, kind, n: next(letters))
     out = recipe.step(1)
