@@ -92,10 +92,19 @@ def solver_row(step: int, iteration: int | None, phase: str, output: Completion,
                label: str | None = None, solve_rate: float | None = None, reward: float | None = None,
                reward_terms: dict[str, Any] | None = None, advantage: float | None = None,
                oracle: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> SampleRow:
-    """A solver rollout's row (valid: the rollout exists; its answer may not parse)."""
+    """A solver rollout's row (valid: the rollout exists; its answer may not parse); an episode's adds its tool calls
+    and the token ranges its tools wrote (:func:`tool_record`)."""
     return SampleRow(step, iteration, "solver", phase, output.prompt, output.text, question, question_id, True,
                      answer, label, label_source, solve_rate, reward, reward_terms, advantage, len(output.token_ids),
-                     oracle, extra or {})
+                     oracle, {**(extra or {}), **tool_record(output)})
+
+
+def tool_record(output: Completion) -> dict[str, Any]:
+    """An episode's ``tool_calls`` and ``tool_spans`` (the [start, end) token ranges of its observations: its
+    ``tool_mask`` run-length coded); nothing for a single-turn sample."""
+    if not output.tool_mask:
+        return {}
+    return {"tool_calls": output.tool_calls, "tool_spans": [list(span) for span in output.tool_token_spans()]}
 
 
 # Names older runs logged -> the pinned names (``proposer/`` was PasoDoble's, ``questioner/`` R-Zero's and Prism's,

@@ -274,17 +274,19 @@ class Recipe:
         return _groups(engine, prompts, group_size, seed, params or self.solver_sampling)
 
     def solve_groups(self, policy: Policy, prompts: Sequence[str], n: int, seed: int,
-                     params: SamplingParams | None = None) -> list[tuple[list[Completion], list[str | None]]]:
+                     params: SamplingParams | None = None, tools: bool = True,
+                     ) -> list[tuple[list[Completion], list[str | None]]]:
         """``n`` solver rollouts per prompt (:meth:`sample_groups`, ``params`` unset: the solver's training sampling;
-        tool-using episodes with ``rollout.tools``)
-        with the answer each gives, parsed by the run's task (``self.task``) in ``policy``'s prompt style: one
-        (completions, answers) pair per prompt."""
+        tool-using episodes with ``rollout.tools`` unless ``tools`` is false)
+        with the answer each gives, parsed by the run's task (``self.task``) in ``policy``'s prompt style from the
+        text the model wrote (an episode's tool observations are never read as its answer): one (completions,
+        answers) pair per prompt."""
         task = self.task
         if task is None:
             raise ValueError(f"{self.name}: the {self.config.task} world has no registry task to parse answers")
-        sample = self.episode_groups if self.config.rollout.tools else self.sample_groups
+        sample = self.episode_groups if self.config.rollout.tools and tools else self.sample_groups
         groups = sample(policy, prompts, n, seed, params)
-        return [(group, [task.parse_answer(c.text, policy.prompt_style) for c in group]) for group in groups]
+        return [(group, [task.parse_answer(c.written_text, policy.prompt_style) for c in group]) for group in groups]
 
 
 def _groups(engine: RolloutEngine, prompts: Sequence[str], group_size: int, seed: int,
@@ -301,10 +303,12 @@ def tool_use(config: RunConfig, completions: Sequence[Completion], correct: Sequ
     return {"tool/correct_used_tool": mean([float(c.tool_calls > 0) for c, ok in zip(completions, correct) if ok])}
 
 
-def train_samples(completions: Sequence[Completion], advantages: Sequence[float]) -> list[TrainSample]:
-    """Pair each completion with its advantage for the policy update."""
-    return [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float(a), c.tool_mask)
-            for c, a in zip(completions, advantages)]
+def train_samples(completions: Sequence[Completion], advantages: Sequence[float],
+                  clip_highs: Sequence[float] | None = None) -> list[TrainSample]:
+    """Pair each completion with its advantage (and, for ADPO, its own upper clip range) for the policy update."""
+    highs = clip_highs if clip_highs is not None else [None] * len(completions)
+    return [TrainSample(c.prompt_ids, c.token_ids, c.logprobs, float(a), c.tool_mask, high)
+            for c, a, high in zip(completions, advantages, highs)]
 
 
 def mean(values: Sequence[float]) -> float:

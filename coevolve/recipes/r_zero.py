@@ -50,6 +50,7 @@ from coevolve.recipes.base import (
     register,
     role_metrics,
     step_seed,
+    tool_use,
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
@@ -199,6 +200,7 @@ class Question:
     vote: VoteResult | None = None
     p: float | None = None  # solver agreement with the majority answer
     solver_tokens: int = 0  # tokens the solver sampled to score it
+    solver_tool_calls: list[int] = field(default_factory=list)  # tool calls of each of those samples (episodes)
     cluster: int | None = None  # Prism's c(q)
     terms: dict[str, float] = field(default_factory=dict)
     reward: float = 0.0
@@ -264,6 +266,7 @@ class RZero(GeneratorRecipe):
     phased = True
     scores_questions = True
     formats = {"chat": CHAT_FORMAT, "arith": ARITH_FORMAT}
+    label_with_tools = True  # the pool's labels are voted by episodes when ``rollout.tools`` is on
     defaults = {"steps": 104, "eval_every": 26, "rollout": {"temperature": 1.0, "max_new_tokens": 64},
                 "train": {"lr": 3e-5, "grad_clip": 1.0}}
     presets = {
@@ -374,20 +377,28 @@ class RZero(GeneratorRecipe):
                 groups, answers = [group for group, _ in solved], [group_answers for _, group_answers in solved]
                 terms = [[self.solver_terms(c, a, item.label) for c, a in zip(group, group_answers)]
                          for item, group, group_answers in zip(batch, groups, answers)]
-                rewards = [(1 - p.solver_format_weight) * x["agree"] + p.solver_format_weight * x["format"]
-                           for group_terms in terms for x in group_terms]
                 group_ids = [g for g, group in enumerate(groups) for _ in group]
-                advantages = compute_advantages(p.advantage, rewards, group_ids)
+                rewards, advantages, clip_highs = self.solver_advantages(batch, terms, group_ids)
             with timer("update_solver"):
                 completions = [c for group in groups for c in group]
-                stats = self.solver_trainer.update(train_samples(completions, advantages))
+                stats = self.solver_trainer.update(train_samples(completions, advantages, clip_highs))
             samples += self.solver_records(step, t, batch, groups, answers, terms, rewards, advantages)
             metrics.update({"solver/reward_mean": mean(rewards), "reward/agree": mean(
                 [x["agree"] for g in terms for x in g]), "tokens/solver": sum(len(c.token_ids) for c in completions),
                 "solver/none_rate": mean([float(a is None) for g in answers for a in g]),
-                "solver/advantage_abs_mean": mean([abs(float(a)) for a in advantages])})
+                "solver/advantage_abs_mean": mean([abs(float(a)) for a in advantages]),
+                **tool_use(self.config, completions, [x["agree"] > 0 for g in terms for x in g])})
         metrics.update({"pool/size": len(self.pool), **role_metrics("solver", stats), **timer})
         return StepOutput(metrics=metrics, samples=samples)
+
+    def solver_advantages(self, batch: list[PoolItem], terms: list[list[dict[str, float]]], group_ids: list[int],
+                          ) -> tuple[list[float], list[float], list[float] | None]:
+        """Each rollout's reward r = (1 - w) agree + w format, its advantage, and its own upper clip range (None: the
+        trainer's ``clip_high``)."""
+        p = self.params
+        rewards = [(1 - p.solver_format_weight) * x["agree"] + p.solver_format_weight * x["format"]
+                   for group_terms in terms for x in group_terms]
+        return rewards, [float(a) for a in compute_advantages(p.advantage, rewards, group_ids)], None
 
     def build_pool(self, step: int, t: int) -> list[Question]:
         """N_pool questions from Q_t labelled by S_{t-1}; the pool keeps those in the band with no filter reason."""
@@ -397,7 +408,7 @@ class RZero(GeneratorRecipe):
         candidates = [self.read_question(o) for o in outputs]
         self.watch_format(step, sum(q.text is not None for q in candidates), len(candidates))
         self.label(candidates, p.label_samples, step_seed(seed, step, "pool_labels"), p.pool_p_denominator,
-                   self.label_sampling)
+                   self.label_sampling, tools=self.label_with_tools)
         self.describe_pool(candidates)
         self.pool = [PoolItem(q.text, q.label, q.p, f"i{t}-pool{i}") for i, q in enumerate(candidates)
                      if self.keep(q)]
@@ -424,7 +435,7 @@ class RZero(GeneratorRecipe):
     def solver_terms(self, completion: Completion, answer: str | None, label: str) -> dict[str, float]:
         """Agreement with the majority label, and the code's <think>..</think>..\\boxed{} format."""
         agree = self.task.answers_agree(answer, label)
-        return {"agree": float(agree), "format": float(has_think_format(completion.text))}
+        return {"agree": float(agree), "format": float(has_think_format(completion.written_text))}
 
     # --- shared pieces ----------------------------------------------------------------------------
     def read_question(self, output: Completion) -> Question:
@@ -440,15 +451,17 @@ class RZero(GeneratorRecipe):
         return self.solver_policy.format_prompt(self.task.solver_prompt(question, None, self.style))
 
     def label(self, questions: list[Question], samples: int, seed: int, denominator: str,
-              sampling: SamplingParams | None = None) -> None:
+              sampling: SamplingParams | None = None, tools: bool = True) -> None:
         """Majority answer and p(q) (share of samples agreeing with it) of every valid question, from ``samples``
-        solver votes sampled with ``sampling`` (unset: ``rollout.scoring``)."""
+        solver votes sampled with ``sampling`` (unset: ``rollout.scoring``); ``tools`` false: single turns even with
+        ``rollout.tools``."""
         valid = [q for q in questions if q.text is not None]
         solved = self.solve_groups(self.solver_policy, [self.solver_prompt(q.text) for q in valid], samples, seed,
-                                   sampling or self.scoring_sampling)
+                                   sampling or self.scoring_sampling, tools=tools)
         for q, (group, answers) in zip(valid, solved):
             q.answers = answers
             q.solver_tokens = sum(len(c.token_ids) for c in group)
+            q.solver_tool_calls = [c.tool_calls for c in group]
             votes = answers if self.params.missing_answer_votes == "drop" else [
                 MISSING_ANSWER if a is None else a for a in answers]
             q.vote = majority_vote(votes, self.vote_equivalence)

@@ -4,10 +4,12 @@ r"""A questioner's reward as stages: each a function of typed inputs to typed ou
     questions of the batch --repetition_penalties--> r_rep       (R-Zero's BLEU clusters over the batch)
     (p, r_rep) --rzero_rewards--> QuestionReward                 (R-Zero's composite)
     (p, rarity d) --prism_rewards--> QuestionReward              (Prism's ZPD gate x (1 + lambda d))
+    tool calls --tool_rewards--> r_tool                          (Agent0's gamma min(N_tool, C))
+    (p, r_rep, r_tool) --agent0_rewards--> QuestionReward        (Agent0's composite)
 
 A recipe composes the stages and owns the state some of them read (Prism's cluster counts give ``d``); a new
-recipe reuses a stage with terms of its own (Agent0's curriculum reward: R-Zero's uncertainty and repetition penalty
-plus a tool-use term).
+recipe reuses a stage with terms of its own (Agent0's curriculum reward is R-Zero's uncertainty and repetition
+penalty plus a tool-use term).
 """
 
 from __future__ import annotations
@@ -71,4 +73,25 @@ def prism_rewards(questions: Sequence[ScoredQuestion], rarities: Sequence[float]
     for q, d in zip(questions, rarities, strict=True):
         g = None if q.p is None else (zpd_gate(q.p, low=low, high=high) if gate else float(in_band(q.p, low, high)))
         out.append(QuestionReward(prism_reward(q.p, d, lam, g), {"zpd": g or 0.0, "rarity": d}))
+    return out
+
+
+def tool_rewards(tool_calls: Sequence[Sequence[int]], weight: float, cap: int) -> list[float]:
+    """Agent0's r_tool = ``weight`` x min(N_tool, ``cap``) per question, averaged over the question's counts (one
+    count per executor episode, or the one count of the curriculum's own text; none: 0)."""
+    return [sum(weight * min(n, cap) for n in calls) / len(calls) if calls else 0.0 for calls in tool_calls]
+
+
+def agent0_rewards(questions: Sequence[ScoredQuestion], penalties: Sequence[float], tools: Sequence[float],
+                   form: RZeroForm) -> list[QuestionReward]:
+    """Agent0's curriculum reward from p, r_rep and r_tool: ``paper``, max(0, r_unc + r_tool - r_rep) (0 for a bad
+    format); ``code`` (curriculum_reward.py's compute_score), R-Zero's code form plus r_tool: min(p, 1-p) - r_rep +
+    r_tool, -1 - r_rep + r_tool for a bad format."""
+    out = []
+    for q, unc, pen, tool in zip(questions, uncertainties(questions), penalties, tools, strict=True):
+        if form == "paper":
+            reward = 0.0 if q.p is None else max(0.0, unc + tool - pen)
+        else:
+            reward = rzero_reward(q.p, pen, "code") + tool
+        out.append(QuestionReward(reward, {"uncertainty": unc, "repetition": pen, "tool": tool}))
     return out

@@ -231,3 +231,10 @@ def compute_advantages(kind: str, rewards: ArrayLike, groups: ArrayLike, *, eps:
     specs' 1e-6, or TRL's 1e-4). Further keyword arguments go to the estimator (``unbiased``,
     ``include_zero_variance_in_sigma_b``, ``weights``)."""
     return ESTIMATORS[_known_estimator(kind)](rewards, groups, eps=eps, **kwargs)
+
+
+def ambiguity_scale(p: float, low: float, high: float, min_scale: float) -> float:
+    """ADPO's advantage scale of a task with self-consistency ``p`` (Agent0's ``compute_adpo_outcome_advantage``):
+    ``min_scale + (1 - min_scale) * clamp((p - low) / (high - low), 0, 1)``: a label the executor agreed on less is
+    trusted less (``min_scale`` at p <= low, 1 at p >= high)."""
+    return min_scale + (1.0 - min_scale) * min(max((p - low) / (high - low), 0.0), 1.0)

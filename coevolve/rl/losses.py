@@ -52,7 +52,7 @@ def policy_loss(
     mask: torch.Tensor,
     *,
     clip_low: float = 0.2,
-    clip_high: float = 0.2,
+    clip_high: float | torch.Tensor = 0.2,
     dual_clip: float | None = None,
     tis_cap: float | None = None,
     rollout_logprobs: torch.Tensor | None = None,
@@ -73,7 +73,8 @@ def policy_loss(
         old_logprobs: [B, T] log pi_old recomputed by the trainer before the update (no grad).
         advantages: [B] sequence advantages (broadcast to every token) or [B, T] token advantages.
         mask: [B, T] bool or 0/1 float; non-zero marks completion tokens that enter the loss.
-        clip_low, clip_high: ratio clip range [1 - clip_low, 1 + clip_high] (DAPO "clip-higher" when unequal).
+        clip_low, clip_high: ratio clip range [1 - clip_low, 1 + clip_high] (DAPO "clip-higher" when unequal);
+            ``clip_high`` may be a [B] tensor, one bound per sequence (ADPO's, :func:`ambiguity_clip_high`).
         dual_clip: if set (c > 1, e.g. 3.0 in Prism's verl), the loss for A < 0 is capped at -c * A (dual-clip PPO).
         tis_cap: truncation rho_max of the TIS weight (INFUSER: 2.0). TIS is applied only when both ``tis_cap`` and
             ``rollout_logprobs`` are given (leave it off when one engine both samples and trains).
@@ -138,7 +139,11 @@ def policy_loss(
     adv = masked(adv_in)
 
     ratio = torch.exp(logp - old)
-    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    if isinstance(clip_high, torch.Tensor):  # one upper bound per sequence
+        clip_high = clip_high.detach().to(device=logprobs.device, dtype=logprobs.dtype).reshape(-1, 1)
+        clipped_ratio = torch.minimum(torch.clamp(ratio, min=1.0 - clip_low), 1.0 + clip_high)
+    else:
+        clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss_tok = torch.maximum(-ratio * adv, -clipped_ratio * adv)
     if dual_clip is not None:
         dual_active = (adv < 0) & (loss_tok > -dual_clip * adv)
@@ -205,3 +210,10 @@ def policy_loss(
         stats: dict[str, float | bool] = {k: read.get(k, v) for k, v in measured.items()}
         stats["nonfinite"] = bool(stats["nonfinite"])
     return loss, stats
+
+
+def ambiguity_clip_high(p: float, clip: float, low: float, high: float, bonus: float) -> float:
+    """ADPO's upper clip range of a task with self-consistency ``p`` (Agent0's ``compute_policy_loss_adpo``):
+    ``clip + bonus * clamp((high - p) / (high - low), 0, 1)``: the full bonus at p <= low, none at p >= high, so the
+    less consistent (more ambiguous) a task's pseudo-label, the further a low-probability token may be pushed up."""
+    return clip + bonus * min(max((high - p) / (high - low), 0.0), 1.0)

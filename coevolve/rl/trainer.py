@@ -37,6 +37,7 @@ class TrainSample:
     rollout_logprobs: list[float]
     advantage: float
     tool_mask: Sequence[bool] = ()  # True at tokens a tool wrote (context only: out of the loss); empty: none
+    clip_high: float | None = None  # this sample's upper clip range (ADPO); None: the trainer's ``clip_high``
 
     def __post_init__(self) -> None:
         if self.tool_mask and len(self.tool_mask) != len(self.completion_ids):
@@ -47,6 +48,13 @@ class TrainSample:
     def model_tokens(self) -> int:
         """The completion tokens the model wrote (those the loss sees)."""
         return len(self.completion_ids) - sum(self.tool_mask)
+
+
+def _clip_high(part: Sequence[TrainSample], default: float) -> float | torch.Tensor:
+    """The upper clip range of each sample of ``part`` ([B], where one sets its own), else the trainer's."""
+    if all(s.clip_high is None for s in part):
+        return default
+    return torch.tensor([default if s.clip_high is None else s.clip_high for s in part], dtype=torch.float32)
 
 
 @dataclass
@@ -556,7 +564,8 @@ class PolicyTrainer:
             cols = slice(width - logprobs.shape[1], width)
             loss, stats = policy_loss(
                 logprobs, logprobs.detach() if old is None else old[rows, cols], advantages, mask,
-                clip_low=st.clip_low, clip_high=st.clip_high, dual_clip=st.dual_clip, tis_cap=st.tis_cap,
+                clip_low=st.clip_low, clip_high=_clip_high(part, st.clip_high), dual_clip=st.dual_clip,
+                tis_cap=st.tis_cap,
                 rollout_logprobs=rollout[rows, cols],
                 ref_logprobs=ref[rows, cols] if ref is not None else None, beta=st.kl_beta, kl_clamp=st.kl_clamp,
                 entropy=entropy, entropy_coef=st.entropy_coef,

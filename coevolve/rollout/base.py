@@ -41,7 +41,8 @@ class Completion:
     An episode (``rollout.tools``, :mod:`coevolve.rollout.episodes`) interleaves the model's tokens with tool
     observations: ``tool_mask[t]`` is True where ``token_ids[t]`` came from a tool (its log-prob is a placeholder
     0.0 the trainer never reads); an empty ``tool_mask`` means the model wrote every token. ``tool_calls``: the tool
-    calls the episode ran.
+    calls the episode ran. ``observation_spans``: the (start, end) character ranges of ``text`` that tools wrote;
+    :attr:`written_text` is the text without them, what an answer is read from.
     """
 
     prompt: str
@@ -52,6 +53,27 @@ class Completion:
     finish_reason: str = "length"  # "eos" | "stop" | "length" | "tool_limit" (an episode asked for one call too many)
     tool_mask: list[bool] = field(default_factory=list)
     tool_calls: int = 0
+    observation_spans: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def written_text(self) -> str:
+        """The text the model wrote: each tool observation replaced by a newline (so no answer is ever read from a
+        tool's output, and no two pieces of the model's text join across it). ``text`` without observations."""
+        parts, start = [], 0
+        for begin, end in self.observation_spans:
+            parts += [self.text[start:begin], "\n"]
+            start = end
+        return "".join(parts) + self.text[start:]
+
+    def tool_token_spans(self) -> list[tuple[int, int]]:
+        """The (start, end) token ranges of ``token_ids`` that tools wrote (runs of ``tool_mask``)."""
+        spans: list[tuple[int, int]] = []
+        for t, from_tool in enumerate(self.tool_mask):
+            if from_tool and spans and spans[-1][1] == t:
+                spans[-1] = (spans[-1][0], t + 1)
+            elif from_tool:
+                spans.append((t, t + 1))
+        return spans
 
 
 class RolloutEngine(Protocol):

@@ -165,6 +165,7 @@ class _Episode:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     tool_mask: list[bool] = field(default_factory=list)
+    observation_spans: list[tuple[int, int]] = field(default_factory=list)  # character ranges of ``text``
     finish_reason: str = "length"
     tool_calls: int = 0
     done: bool = False
@@ -220,7 +221,7 @@ class EpisodeEngine:
             self._run_calls(episodes, calls, params)
         return [Completion(prompt=e.prompt, prompt_ids=e.prompt_ids, token_ids=e.tokens, text=e.text,
                            logprobs=e.logprobs, finish_reason=e.finish_reason, tool_mask=e.tool_mask,
-                           tool_calls=e.tool_calls) for e in episodes]
+                           tool_calls=e.tool_calls, observation_spans=e.observation_spans) for e in episodes]
 
     def _requests(self, turned: dict[int, _Episode], params: SamplingParams) -> dict[int, str | None]:
         """Which rows of the turn asked for a tool call within the limit, with its code (None: no code block); the
@@ -262,6 +263,7 @@ class EpisodeEngine:
                 ids = ids[:room]
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
                 e.done, e.finish_reason = True, "length"
+            e.observation_spans.append((len(e.text), len(e.text) + len(text)))
             e.text += text
             e.tokens += ids
             e.logprobs += [0.0] * len(ids)  # a placeholder: the trainer masks tool tokens out

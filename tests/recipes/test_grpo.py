@@ -76,7 +76,8 @@ def test_rollout_tools_turn_the_solvers_samples_into_episodes(random_model_dir):
     recipe._runtime.engine = lambda policy, trainer: CallThenAnswer()
     out = recipe.step(1)
     rows = records(out)
-    assert [r["reward"] for r in rows] == [1, 1, 1, 1]  # every answer read from the sandbox's output
+    assert [r["reward"] for r in rows] == [1, 1, 1, 1]  # every answer the model wrote after reading the sandbox
+    assert all(r["tool_calls"] == 1 and len(r["tool_spans"]) == 1 for r in rows)  # the mask, run-length coded
     assert out.metrics["tool/correct_used_tool"] == 1.0 and out.metrics["solver/optimizer_steps"] == 1
     telemetry = recipe.engine_metrics()
     assert telemetry["tool/calls"] == 4 and telemetry["tool/calls_per_episode"] == 1.0

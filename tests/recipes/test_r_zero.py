@@ -54,7 +54,7 @@ def stub_labels(recipe, votes):
     """The solver's answers for each valid question, in order, instead of sampling it."""
     queue = list(votes)
 
-    def label(questions, samples, seed, denominator, sampling=None):
+    def label(questions, samples, seed, denominator, sampling=None, tools=True):
         for q in questions:
             if q.text is not None:
                 q.answers = queue.pop(0)
@@ -232,7 +232,7 @@ def test_resume_reproduces_a_straight_run(tmp_path, random_model_dir):
                 return sample(policy, prompts, n, seed, sampling)
             return [[completion(f"Q:{list(answers)[i % 2]}") for i in range(n)] for _ in prompts]
 
-        def label(questions, samples, seed, denominator, sampling=None):
+        def label(questions, samples, seed, denominator, sampling=None, tools=True):
             for q in questions:
                 q.answers = answers[q.text]
                 q.vote = majority_vote(q.answers, None)

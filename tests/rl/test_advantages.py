@@ -226,3 +226,15 @@ def test_an_estimator_registers_by_decorator_and_a_second_use_of_its_name_is_ref
             advantage_estimator("grpo")(negated)
     finally:
         del ESTIMATORS["test_negated_grpo"]
+
+
+def test_adpo_scaled_advantages_by_hand():
+    """ADPO's advantage (Agent0's compute_adpo_outcome_advantage, the script's min_advantage_scale 0.6): the GRPO
+    advantage of the executor's +-1 rewards times min_scale + (1 - min_scale) clamp((p - 0.3) / 0.5, 0, 1)."""
+    from coevolve.rl.advantages import ambiguity_scale
+
+    assert [ambiguity_scale(p, 0.3, 0.8, 0.6) for p in (0.1, 0.3, 0.55, 0.8, 1.0)] == pytest.approx(
+        [0.6, 0.6, 0.8, 1.0, 1.0])
+    # rewards [1, -1, -1, 1]: mean 0, sample std sqrt(4/3) = 1.1547, GRPO +-0.8660; at p = 0.55 (scale 0.8) +-0.6928
+    scaled = grpo_advantages([1.0, -1.0, -1.0, 1.0], [0, 0, 0, 0]) * ambiguity_scale(0.55, 0.3, 0.8, 0.6)
+    assert scaled == pytest.approx([0.69282, -0.69282, -0.69282, 0.69282], abs=1e-5)

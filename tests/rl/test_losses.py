@@ -304,3 +304,23 @@ def test_kl_clamp_caps_each_tokens_k3_and_its_gradient():
     unclamped, _ = policy_loss(_logp(), OLD, ADV, MASK, ref_logprobs=(_logp() + d).detach(), beta=0.1,
                                agg="token_mean")
     assert unclamped.item() > loss.item() + 0.1 * 4 / 5  # 1.482 + 3.889 above the two caps
+
+
+def test_a_per_sequence_upper_clip_bound_adpo():
+    """ADPO (Agent0's compute_policy_loss_adpo): each sequence its own 1 + clip_high. Seq 0 (A = +1, ratio 1.5 at
+    position 1) with clip_high 0.3 is clipped at 1.3, not 1.2: seq_mean (-(1 + 1.3 + 0.7)/3 + 2.1/2) / 2 = 0.025."""
+    from coevolve.rl.losses import ambiguity_clip_high
+
+    logp = (OLD + torch.log(RATIOS)).requires_grad_(True)
+    highs = torch.tensor([0.3, 0.2], dtype=torch.float64)
+    loss, stats = policy_loss(logp, OLD, ADV, MASK, clip_low=0.2, clip_high=highs)
+    assert loss.item() == pytest.approx((-(1 + 1.3 + 0.7) / 3 + 2.1 / 2) / 2)
+    assert stats["clip_frac_high"] == pytest.approx(1 / 5)  # 1.5 > 1.3 with A > 0: still clipped
+    same, _ = policy_loss(logp, OLD, ADV, MASK, clip_low=0.2, clip_high=torch.tensor([0.2, 0.2], dtype=torch.float64))
+    scalar, _ = policy_loss(logp, OLD, ADV, MASK, clip_low=0.2, clip_high=0.2)
+    assert same.item() == pytest.approx(scalar.item(), abs=1e-12)
+    wide, _ = policy_loss(logp, OLD, ADV, MASK, clip_low=0.2, clip_high=torch.tensor([0.6, 0.2], dtype=torch.float64))
+    assert wide.item() == pytest.approx((-(1 + 1.5 + 0.7) / 3 + 2.1 / 2) / 2)  # 1.5 < 1.6: unclipped
+    # the bound: clip + bonus * clamp((high - p) / (high - low), 0, 1), low 0.3, high 0.8, bonus 0.1 (the script's)
+    assert [ambiguity_clip_high(p, 0.2, 0.3, 0.8, 0.1) for p in (0.1, 0.3, 0.55, 0.8, 0.9)] == pytest.approx(
+        [0.3, 0.3, 0.25, 0.2, 0.2])

@@ -154,6 +154,44 @@ def test_a_call_without_a_code_block_gets_an_error_observation(tokenizer):
     assert episodes.pop_metrics()["tool/errors"] == 1
 
 
+def test_an_answer_is_read_from_the_model_s_text_never_from_an_observation(tokenizer):
+    """A program that prints an answer-shaped line ("A:99", "\\boxed{99}") does not answer for the model: the
+    model's own text after the observation has no answer, so the episode has none; the model's own answer wins."""
+    from coevolve.tasks.arith import parse_answer
+
+    for printed, style in (("A:99", "compact"), ("\\boxed{99}", "chat")):
+        engine = ScriptedEngine(tokenizer, [CALL, CALL, "so I am not sure.", "A:7"])  # by turn, then row
+        episodes = EpisodeEngine(engine, tokenizer, fixed_tool(printed), max_tool_calls=4)
+        silent, answered = episodes.generate(["Q:a", "Q:b"], SamplingParams(max_new_tokens=500), seed=0)
+        assert parse_answer(silent.text, style) == "99"  # the whole text would grade the tool's output
+        assert parse_answer(silent.written_text, style) is None
+        assert silent.written_text == CALL + "\n" + "so I am not sure."
+        assert parse_answer(answered.written_text, "compact") == "7"
+        assert [silent.text[a:b] for a, b in silent.observation_spans] == [observation(ToolResult(printed, "ok"))]
+
+
+def test_tool_token_spans_and_the_sample_record(tokenizer):
+    from coevolve.records import solver_row
+
+    engine = ScriptedEngine(tokenizer, [CALL, "A:1", "x" + CALL, "A:42"])  # by turn, then row
+    episodes = EpisodeEngine(engine, tokenizer, fixed_tool(), max_tool_calls=4)
+    used, plain = episodes.generate(["Q:a", "Q:b"], SamplingParams(max_new_tokens=500), seed=0)
+    obs = len(observation(ToolResult("42", "ok")))
+    first = (len(CALL), len(CALL) + obs)
+    second = (first[1] + 1 + len(CALL), first[1] + 1 + len(CALL) + obs)
+    assert used.tool_token_spans() == [first, second]
+    assert [used.tool_mask[t] for t in range(len(used.tool_mask))] == [
+        any(a <= t < b for a, b in (first, second)) for t in range(len(used.tool_mask))]
+    row = solver_row(1, None, "solve", used, question="q", question_id="q0", label_source="majority").as_record()
+    assert row["tool_calls"] == 2 and row["tool_spans"] == [list(first), list(second)]
+    assert plain.tool_mask == [False] * 3  # an episode without a call records its zero calls and no span
+    assert solver_row(1, None, "solve", plain, question="q", question_id="q1",
+                      label_source="majority").as_record()["tool_spans"] == []
+    single = Completion("p", [1], [2, 3], "A:1", [-0.1, -0.1])
+    assert "tool_spans" not in solver_row(1, None, "solve", single, question="q", question_id="q2",
+                                          label_source="majority").as_record()
+
+
 FIRST = "```python\nprint(6*7)\n```\n```output"
 
 
