@@ -53,7 +53,7 @@ class TinyCalcBuild:
     layers: int = 3
     heads: int = 4
     intermediate: int = 384
-    steps: int = 1800
+    steps: int = 2200
     batch: int = 16
     lr: float = 2e-3
     warmup: int = 50
@@ -61,7 +61,7 @@ class TinyCalcBuild:
     seed: int = 0
     max_level: int = 6
     bare_answer_rate: float = 0.6  # in-head solve samples of level >= 2 that give only ``A:<n>`` (no trace)
-    tool_rate: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.3, 0.3)  # solve samples of level l that call the tool
+    tool_rate: tuple[float, ...] = (0.2, 0.3, 0.4, 0.45, 0.45, 0.45)  # solve samples of level l that call the tool
     eval_n: int = 100  # held-out problems per level in the build report
     threads: int = 1  # torch threads while training (0: one per core); the weights depend on it
 
