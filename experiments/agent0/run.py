@@ -104,7 +104,7 @@ def _plot(results: Sequence[ArmResult], here: Path, seeds: Sequence[int]) -> Non
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for colour, r in zip(("tab:blue", "tab:orange", "tab:green"), results):
+    for colour, r in zip(("tab:blue", "tab:orange", "tab:green", "tab:red"), results):
         runs = [run_dir(here.parent / "runs", r.arm, s) for s in seeds]
         for k, run in enumerate(p for p in runs if (p / "summary.json").exists()):
             label = r.arm.name if k == 0 else None
