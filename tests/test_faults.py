@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from coevolve.formats import Generation
 from coevolve.grading import MAX_TEXT_CHARS, extract_answer, majority_vote, pop_bound_counts, tag_blocks
 from coevolve.grading.guard import PARSE_ERROR, TEXT_TOO_LONG, VOTE_OVER_BUDGET
+from coevolve.recipes.agent0 import curriculum_tool_calls
 from coevolve.recipes.dynamic_rl import parse_paper_question
 from coevolve.recipes.infuser import parse_generator_json
 from coevolve.recipes.pasodoble import parse_proposal
@@ -52,6 +53,7 @@ PARSERS = {
     "pasodoble proposer": (parse_proposal, (None, None), "<problem>What is 2+3?</problem><answer>\\boxed{5}</answer>"),
     "infuser generator": (parse_generator_json, None, '{"question_text": "What is 2+3?", "ground_truth": "5"}'),
     "spice challenger": (parse_task, (None, None), "<question>What is 2+3?</question><answer>5</answer>"),
+    "agent0 curriculum tool calls": (curriculum_tool_calls, 0, "```python\nprint(2+3)\n```\n```output"),
     "azr program proposal": (lambda t: program.read_proposal("deduction", t), "format", "P:5*x\nI:9"),
     "azr program answer": (program.read_tagged, None, "O:45"),
     "azr python proposal": (lambda t: PYTHON.read_proposal("deduction", t), "format",

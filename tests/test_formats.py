@@ -19,7 +19,7 @@ from coevolve.rollout.hf import HFRolloutEngine, encode_prompt
 from coevolve.sft import warmup_pairs
 
 # the generators coevolve ships
-RECIPES_SHIPPED = ("r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl", "spice")
+RECIPES_SHIPPED = ("r_zero", "prism", "pasodoble", "infuser", "opensir", "dynamic_rl", "spice", "agent0")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_rendered_examples_match_regex_and_parse_as_valid(examples):
         question = " ".join(e.question.split())
         read = {name: FORMATS[name].parse(Completion("", [], [], text, finish_reason="stop"), "chat",
                                           document=e.solution, rules="paper") for name, text in texts.items()}
-        for name in ("r_zero", "pasodoble", "infuser", "spice"):
+        for name in ("r_zero", "pasodoble", "infuser", "spice", "agent0"):
             assert (read[name].question, read[name].answer) == (question, e.answer), name
         assert read["opensir"].valid and read["opensir"].concepts
         assert read["dynamic_rl"].question == question and read["dynamic_rl"].valid

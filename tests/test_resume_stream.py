@@ -25,6 +25,7 @@ TWO_PHASES = ["params.questioner_steps=1", "params.solver_steps=2", "params.ques
               "params.label_max_tokens=24", "params.pool_size=4", "params.band=[0,1]",
               "params.solver_questions=2", "params.solver_group=2"]
 SETTINGS: dict[str, list[str]] = {
+    "agent0": TWO_PHASES,  # with the python tool on (its default): the random model asks for no call
     "azr": ["params.batch_size=1", "params.seed_batch_factor=2", "params.learnability_samples=2",
             "params.references=1", "params.induction_inputs=2", "params.seed_max_rounds=2",
             "rollout.max_new_tokens=24"],
@@ -51,7 +52,8 @@ def _recipe(name: str, model_dir, space_dir):
         "rollout.max_new_tokens=8", "train.micro_batch_size=8", *SETTINGS[name],
         *([f"params.cluster_space={space_dir}"] if name == "prism" else [])])
     recipe = cls(config, params)
-    if name in ("r_zero", "prism"):  # the test build writes no valid question: each output reads as one made of it
+    if name in ("r_zero", "prism", "agent0"):  # the test build writes no valid question: each output reads as one
+        # made of it
         recipe.read_question = lambda output: Question(output, _made_question(output.text), None)
     if name == "prism":  # four hand-made clusters instead of a sentence encoder's (which takes half a minute)
         recipe.embed_texts = lambda texts: np.eye(4, dtype=np.float32)[[zlib.crc32(t.encode()) % 4 for t in texts]]

@@ -74,7 +74,7 @@ CODE_ROLES = {"questioner": {"mini_batch_size": 128 * 4, "epochs": 1},
 ITERATIONS = 3  # the paper's iterations (its per-iteration results; not checked against its text here)
 CODE_PARAMS = {"questioner_steps": 5, "solver_steps": 100, "questioner_prompts": 512, "questioner_group": 4,
                "score_samples": 10, "pool_size": 8000, "label_samples": 9, "band": [0.3, 0.8],
-               "pool_p_denominator": "answered", "solver_questions": 128, "solver_group": 16,
+               "pool_p_denominator": "all", "missing_answer_votes": "code", "solver_questions": 128, "solver_group": 16,
                "question_max_tokens": 4096, "pool_top_p": 0.95, "label_max_tokens": 4096, "label_top_k": 40,
                "filter_prove": False, "reward_form": "code", "tool_calls_of": "curriculum", "own_answer_gate": True,
                "label_with_tools": False}

@@ -123,6 +123,13 @@ def test_every_paper_and_code_preset_states_its_step_structure():
     for preset in ("paper", "reference_code"):
         config, p, _ = resolve("infuser", preset=preset)
         assert (p.minibatch_prompts * p.group_size, config.train.epochs) == (256, 1)
+    # Agent0: the curriculum 512 prompts x 4 in AdamW steps of 128 prompts (EasyR1's global_batch_size), the executor
+    # 128 tasks x 16 episodes in one step (ppo_mini_batch_size 128), 1 epoch each (paper and code)
+    for preset in ("paper", "reference_code"):
+        config, p, _ = resolve("agent0", preset=preset)
+        q, s = config.roles["questioner"], config.roles["solver"]
+        assert (p.questioner_prompts * p.questioner_group // q.mini_batch_size, q.epochs) == (4, 1), preset
+        assert (p.solver_questions * p.solver_group // s.mini_batch_size, s.epochs) == (1, 1), preset
     # PasoDoble: one step per batch for both roles in the paper; the code's Solver steps every 2 sequences
     for preset, solver_mini_batch in (("paper", 0), ("reference_code", 2)):
         roles = resolve("pasodoble", preset=preset)[0].roles

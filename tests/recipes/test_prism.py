@@ -179,8 +179,8 @@ def test_unboxed_votes_make_the_example_question_rewarded_only_with_the_code_swi
     unboxed = ["5", None, "7", None, None, "5", None, "7", None, None]
     for votes, reward, counted in (("code", 0.625 * (1 + 5 * E), 1), ("drop", 0.0, 0)):
         recipe, _ = make(random_model_dir, space_dir, f"params.missing_answer_votes={votes}")
-        recipe.solve_groups = lambda policy, prompts, n, seed, params=None: [([completion()] * n, list(unboxed))
-                                                                             for _ in prompts]
+        recipe.solve_groups = lambda policy, prompts, n, seed, params=None, tools=True: [
+            ([completion()] * n, list(unboxed)) for _ in prompts]
         q = question("0+1", None)
         recipe.label([q], 10, 0, "all")
         recipe.questioner_rewards([q])

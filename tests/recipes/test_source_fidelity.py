@@ -103,7 +103,7 @@ def test_scoring_settings_need_a_recipe_that_scores_questions():
     """rollout.scoring on a recipe without scoring votes would change nothing: one ConfigError, not silence."""
     from coevolve.config import ConfigError
 
-    with pytest.raises(ConfigError, match="rollout.scoring.*only prism, r_zero"):
+    with pytest.raises(ConfigError, match="rollout.scoring.*only agent0, prism, r_zero"):
         resolve("pasodoble", preset="small", sets=["rollout.scoring.top_k=40"])
 
 
@@ -113,8 +113,8 @@ def test_unanswered_samples_stay_in_the_pool_denominator(random_model_dir):
     answers = ["5", "5", "5", "7", None, None, None, None]
     for denominator, p, kept in (("all", 3 / 8, False), ("answered", 0.75, True)):
         recipe, _ = make("r_zero", random_model_dir, "params.band=[0.5,0.9]", "params.filter_prove=false")
-        recipe.solve_groups = lambda policy, prompts, n, seed, params=None: [([completion()] * n, answers)
-                                                                             for _ in prompts]
+        recipe.solve_groups = lambda policy, prompts, n, seed, params=None, tools=True: [
+            ([completion()] * n, answers) for _ in prompts]
         q = Question(completion(), "1+2", None)
         recipe.label([q], 8, 0, denominator)
         assert (q.label, q.p, recipe.keep(q)) == ("5", pytest.approx(p), kept)
@@ -217,7 +217,8 @@ def test_constrained_votes_keep_the_answer_format_at_their_own_budget(random_mod
 
 def _answering(answers):
     """A solve_groups stand-in: every question gets ``answers`` (None: no answer parsed)."""
-    return lambda policy, prompts, n, seed, params=None: [([completion()] * n, list(answers)) for _ in prompts]
+    return lambda policy, prompts, n, seed, params=None, tools=True: [([completion()] * n, list(answers))
+                                                                      for _ in prompts]
 
 
 def test_a_pool_band_of_its_own_drops_seven_of_eight(random_model_dir):

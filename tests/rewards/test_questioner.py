@@ -7,9 +7,11 @@ import pytest
 from coevolve.rewards.questioner import (
     QuestionReward,
     ScoredQuestion,
+    agent0_rewards,
     prism_rewards,
     repetition_penalties,
     rzero_rewards,
+    tool_rewards,
     uncertainties,
 )
 
@@ -46,3 +48,16 @@ def test_prism_rewards_gate_by_the_zpd_and_add_the_rarity_bonus():
     assert gated[2].terms == pytest.approx({"zpd": 0.625, "rarity": 0.2})
     band_only = prism_rewards(BATCH, rarities, [0.5, 0.9], lam=5.0, gate=False)  # the band's indicator
     assert [r.reward for r in band_only] == pytest.approx([3.5, 0.0, 2.0, -1.0])
+
+
+def test_agent0_stages_by_hand():
+    """Agent0's R_tool = 0.05 min(N, 4) averaged over a task's counts, and R_C in both forms on BATCH (p 0.5, 0.25,
+    0.9, bad; R_unc 1, 0.5, 0.2, 0) with r_rep [0.5, 0.5, 0.25, 0.25]."""
+    tools = tool_rewards([[1, 3], [0], [9, 4, 0], []], 0.05, 4)
+    assert tools == pytest.approx([0.1, 0.0, (0.2 + 0.2 + 0.0) / 3, 0.0])
+    penalties = [0.5, 0.5, 0.25, 0.25]
+    paper = agent0_rewards(BATCH, penalties, tools, "paper")
+    assert [r.reward for r in paper] == pytest.approx([0.6, 0.0, 0.2 + 0.4 / 3 - 0.25, 0.0])
+    assert paper[0].terms == pytest.approx({"uncertainty": 1.0, "repetition": 0.5, "tool": 0.1})
+    code = agent0_rewards(BATCH, penalties, tools, "code")  # min(p, 1-p) - r_rep + r_tool; bad: -1 - r_rep
+    assert [r.reward for r in code] == pytest.approx([0.1, -0.25, 0.1 - 0.25 + 0.4 / 3, -1.25])

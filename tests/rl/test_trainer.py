@@ -187,3 +187,18 @@ def test_micro_batches_by_tokens_accumulate_the_same_step_as_by_sequences(random
         assert torch.allclose(grads, results[0][0], atol=1e-5)
         assert stats.keys() == results[0][1].keys()
         assert all(abs(stats[k] - results[0][1][k]) < 1e-5 for k in stats)
+
+
+def test_a_samples_own_upper_clip_range_reaches_the_loss(random_policy):
+    """ADPO: TrainSample.clip_high replaces the trainer's clip_high for that sample. Three epochs of one positive
+    sample: after the first, its ratio rises above 1, past a clip_high of 0 but not of 10."""
+    import copy
+
+    c = _engine(random_policy).generate(["Q:2+2=?\n"], SamplingParams(temperature=1.0, max_new_tokens=8), seed=5)[0]
+    fractions = []
+    for own in (None, 10.0):
+        trainer = PolicyTrainer(copy.deepcopy(random_policy.model), random_policy.tokenizer,
+                                UpdateSettings(lr=1e-2, micro_batch_size=1, epochs=3, clip_high=0.0))
+        stats = trainer.update([TrainSample(c.prompt_ids, c.token_ids, c.logprobs, 1.0, (), own)])
+        fractions.append(stats["clip_frac_high"])
+    assert fractions[0] > 0 and fractions[1] == 0
