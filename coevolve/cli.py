@@ -311,6 +311,10 @@ def eval_(
     seed: int = typer.Option(0, "--seed"),
     out: Path | None = typer.Option(None, "--out", help="where to write per-question results"),
     engine_name: str = typer.Option("hf", "--engine", help="sampler: hf (transformers) or vllm (in-process vLLM)"),
+    tools: str | None = typer.Option(None, "--tools", help="python: answer in tool-using episodes (docs/tools.md); "
+                                     "none: single turns (default: a run directory's rollout.tools, else none)"),
+    max_tool_calls: int | None = typer.Option(None, "--max-tool-calls", min=0, help="tool calls per episode "
+                                              "(default: the run's rollout.max_tool_calls, else 4)"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the model folder's own Python "
                                            "code run (a run directory's saved config does not)"),
 ) -> None:
@@ -320,10 +324,11 @@ def eval_(
     from coevolve.config import ConfigError, SamplingConfig, SamplingOverride
     from coevolve.data.benchmarks import BenchmarkDataNotFound
     from coevolve.evaluation.harness import EVAL_PRESETS, evaluate, out_dir_problem
+    from coevolve.execution import SandboxUnavailable
     from coevolve.export import exported_eval_sets
     from coevolve.models import ModelFilesDamaged, ModelNotFoundError
-    from coevolve.recipes import default_eval_sets
-    from coevolve.roles import evaluation_sampler
+    from coevolve.recipes import default_eval_sets, resolve_saved
+    from coevolve.roles import evaluation_episodes, evaluation_sampler
     from coevolve.rollout.vllm_engine import EngineUnavailable, require_vllm
     from coevolve.run_models import RunCheckpointError, load_run_policy
     from coevolve.store import CheckpointDamaged
@@ -337,6 +342,8 @@ def eval_(
         _fail(f"unknown evaluation preset {preset!r} (known: {', '.join(EVAL_PRESETS)})", 2)
     if engine_name not in ("hf", "vllm"):
         _fail(f"unknown engine {engine_name!r} (known: hf, vllm)", 2)
+    if tools not in (None, "python", "none"):
+        _fail(f"--tools {tools}: unknown tool (known: python, none)", 2)
     results = out or (Path(target) / "eval" if Path(target, "config.yaml").exists() else None)
     problem = out_dir_problem(results) if results is not None else None
     if problem:
@@ -350,15 +357,22 @@ def eval_(
         _fail(str(exc), 2)
     except (ModelNotFoundError, FileNotFoundError, EngineUnavailable) as exc:
         _fail(str(exc))
+    saved = resolve_saved(str(Path(target, "config.yaml")))[0].rollout if Path(target, "config.yaml").exists() \
+        else SamplingConfig()  # the run's tool settings are the default
+    rollout = SamplingConfig(engine=engine_name,
+                             tools=saved.tools if tools is None else [] if tools == "none" else [tools],
+                             max_tool_calls=saved.max_tool_calls if max_tool_calls is None else max_tool_calls)
     set_names = [s.strip() for s in sets.split(",")] if sets else (
         default_sets or (exported_eval_sets(Path(target)) if Path(target).is_dir() else None)
         or default_eval_sets("program" if target == "tiny-program" else "arith"))
     out_dir = out or (Path(target) / "eval" / label if Path(target, "config.yaml").exists() else None)
-    engine = evaluation_sampler(policy, SamplingConfig(engine=engine_name), seed=seed)
     try:
-        summaries = evaluate(policy, engine, set_names, preset=preset, n_samples=n, k=k, temperature=temperature,
-                             top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed,
-                             data_dir=str(data_dir) if data_dir else None, out_dir=out_dir, progress=True)
+        with evaluation_episodes(evaluation_sampler(policy, rollout, seed=seed), policy, rollout) as engine:
+            summaries = evaluate(policy, engine, set_names, preset=preset, n_samples=n, k=k, temperature=temperature,
+                                 top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed,
+                                 data_dir=str(data_dir) if data_dir else None, out_dir=out_dir, progress=True)
+    except SandboxUnavailable as exc:
+        _fail(f"--tools python: tool calls run in the bubblewrap sandbox, which cannot run here: {exc}", 2)
     except (BenchmarkDataNotFound, KeyError, ValueError, EngineUnavailable) as exc:
         _fail(str(exc).strip("'\""))
     except OSError as exc:  # the results could not be written (a full disk, a folder changed meanwhile)
@@ -366,8 +380,9 @@ def eval_(
     for name, s in summaries.items():
         extras = "  ".join(f"{key} {val:.3f}" for key, val in s.items()
                            if key.startswith(("pass@", "avg@")) and isinstance(val, float))
+        calls = f"  tool calls {s['tool_call_rate']:.3f}" if rollout.tools else ""
         typer.echo(f"{name:<14} accuracy: strict {s['accuracy']:.3f}  lenient {s['accuracy_lenient']:.3f}  {extras}  "
-                   f"n={s['n_questions']}  {s['seconds']:.1f}s")
+                   f"n={s['n_questions']}  {s['seconds']:.1f}s{calls}")
         if s["answer_rules"]:
             typer.echo(f"{'':<14} strict: {s['answer_rules']['strict']}; lenient: {s['answer_rules']['lenient']}")
     if out_dir:

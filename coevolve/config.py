@@ -221,8 +221,8 @@ class RunConfig(Strict):
     """Everything a run needs; written resolved to ``config.yaml`` in the run directory."""
 
     recipe: str = Field(description="the method that trains (coevolve recipes lists them)")
-    model: str = Field("tiny-arith", description="tiny-arith, tiny-program, smollm2-135m, a local model folder or a "
-                       "hub id already in the local cache (runs are offline)")
+    model: str = Field("tiny-arith", description="tiny-arith, tiny-program, tiny-calc, smollm2-135m, a local model "
+                       "folder or a hub id already in the local cache (runs are offline)")
     task: str = Field("arith", description="the world questions come from and answers are graded in: arith, math, "
                       "mcq; program or python (azr)")
     seed: StrictInt = Field(0, description="seed of every random draw of the run (sampling, data order, adapters' "

@@ -352,7 +352,7 @@ def base_model_facts(base: str) -> tuple[str | None, str | None]:
     from huggingface_hub import try_to_load_from_cache
     from huggingface_hub.repocard import metadata_load
 
-    if base in ("tiny-arith", "tiny-program"):
+    if base in ("tiny-arith", "tiny-program", "tiny-calc"):
         return None, PROJECT_LICENSE
     if base == "smollm2-135m":
         return SMOLLM2_HUB_ID, "apache-2.0"  # SmolLM2's model card

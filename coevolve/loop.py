@@ -42,19 +42,23 @@ def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: in
     """Accuracy of the recipe's solver on the configured evaluation sets (one metrics row), sampled as the
     ``eval_preset`` says (greedy by default; a sampled protocol's accuracy is the mean over its n samples per
     question, avg@n) within ``eval_max_new_tokens``: ``eval/<set>/accuracy`` (strict answer format) and
-    ``eval/<set>/accuracy_lenient`` (last number or expression)."""
+    ``eval/<set>/accuracy_lenient`` (last number or expression). With ``rollout.tools`` the solver answers in
+    tool-using episodes, as it trains, and ``eval/<set>/tool_call_rate`` is the share of samples that called a tool."""
     from coevolve.evaluation.harness import evaluate
+    from coevolve.roles import evaluation_episodes
 
     if not config.eval_sets:
         return {}
     policy = recipe.solver()
     started = time.perf_counter()
-    summaries = evaluate(policy, recipe.engine(policy), config.eval_sets, preset=config.eval_preset,
-                         max_new_tokens=config.eval_max_new_tokens, limit=config.eval_limit,
-                         seed=config.seed, data_dir=config.data_dir,
-                         out_dir=store.eval_dir / f"step_{step:06d}" if distributed.is_main() else None,
-                         progress=False)
-    row = {f"eval/{name}/{key}": s[key] for name, s in summaries.items() for key in ("accuracy", "accuracy_lenient")}
+    with evaluation_episodes(recipe.engine(policy), policy, config.rollout) as engine:
+        summaries = evaluate(policy, engine, config.eval_sets, preset=config.eval_preset,
+                             max_new_tokens=config.eval_max_new_tokens, limit=config.eval_limit,
+                             seed=config.seed, data_dir=config.data_dir,
+                             out_dir=store.eval_dir / f"step_{step:06d}" if distributed.is_main() else None,
+                             progress=False)
+    keys = ["accuracy", "accuracy_lenient"] + (["tool_call_rate"] if config.rollout.tools else [])
+    row = {f"eval/{name}/{key}": s[key] for name, s in summaries.items() for key in keys}
     row["time/eval_s"] = time.perf_counter() - started
     row.update(recipe.engine_metrics())
     row.update(pop_bound_counts())  # model text the evaluation's parsers refused (bounds/*)

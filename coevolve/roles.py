@@ -7,6 +7,8 @@ sampler it has.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,6 +47,21 @@ def evaluation_sampler(policy: Policy, rollout: SamplingConfig, *, seed: int) ->
     ``rollout.dtype`` resolved for the policy's device), on weights nothing trains."""
     device = next(policy.model.parameters()).device
     return make_engine(policy, rollout, seed=seed, bf16=bf16_on(rollout.dtype, device))
+
+
+@contextmanager
+def evaluation_episodes(engine: RolloutEngine, policy: Policy, rollout: SamplingConfig) -> Iterator[RolloutEngine]:
+    """``engine`` as a run's solver samples: with ``rollout.tools``, tool-using episodes (up to
+    ``rollout.max_tool_calls`` calls, in a sandbox pool of the evaluation's own, closed after it), so held-out accuracy
+    is the accuracy of the solver the run trains; without tools, ``engine`` itself."""
+    if not rollout.tools:
+        yield engine
+        return
+    from coevolve.execution import Executor
+    from coevolve.rollout.episodes import TOOL_LIMITS, EpisodeEngine, python_tool
+
+    with Executor(TOOL_LIMITS) as executor:
+        yield EpisodeEngine(engine, policy.tokenizer, python_tool(executor), rollout.max_tool_calls)
 
 
 class RoleRuntime:

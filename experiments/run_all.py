@@ -7,6 +7,7 @@ import argparse
 import time
 from pathlib import Path
 
+from experiments.agent0.run import EXPERIMENT as AGENT0
 from experiments.azr.run import EXPERIMENT as AZR
 from experiments.dynamic_rl.run import EXPERIMENT as DYNAMIC_RL
 from experiments.harness import main, run_all
@@ -16,7 +17,7 @@ from experiments.pasodoble.run import EXPERIMENT as PASODOBLE
 from experiments.prism.run import EXPERIMENT as PRISM
 from experiments.ttrl.run import EXPERIMENT as TTRL
 
-EXPERIMENTS = (DYNAMIC_RL, OPENSIR, PRISM, PASODOBLE, INFUSER, TTRL, AZR)
+EXPERIMENTS = (DYNAMIC_RL, OPENSIR, PRISM, PASODOBLE, INFUSER, TTRL, AZR, AGENT0)
 HERE = Path(__file__).resolve().parent
 
 if __name__ == "__main__":

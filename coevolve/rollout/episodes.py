@@ -302,3 +302,17 @@ def tool_rates(counts: dict[str, float]) -> dict[str, float]:
             if episodes else nan,
             "tool/error_rate": counts.get("tool/errors", 0.0) / calls if calls else nan,
             "tool/timeout_rate": counts.get("tool/timeouts", 0.0) / calls if calls else nan}
+
+
+def observation_spans(text: str) -> list[tuple[int, int]]:
+    """The (start, end) character ranges of the observations in an episode's ``text``: what follows each
+    ``"```output"`` up to and including the ``"\\n```\\n"`` that closes it (to the end of ``text`` if none does)."""
+    spans: list[tuple[int, int]] = []
+    at = text.find(TOOL_CALL_STOP)
+    while at >= 0:
+        start = at + len(TOOL_CALL_STOP)
+        close = text.find(f"\n{CODE_CLOSE}\n", start + 1)
+        end = len(text) if close < 0 else close + len(CODE_CLOSE) + 2
+        spans.append((start, end))
+        at = text.find(TOOL_CALL_STOP, end)
+    return spans
