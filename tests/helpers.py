@@ -64,3 +64,29 @@ def scripted_gpt2(tokenizer, text_at: dict[int, str], width: int = 160):
             ch = text_at.get(p)
             model.lm_head.weight[tokenizer.eos_token_id if ch is None else tokenizer.convert_tokens_to_ids(ch), p] = 10
     return model
+
+
+class CallThenAnswer:
+    """A stand-in engine for arithmetic episodes: turn 1 prints the question's expression in a python call, turn 2
+    answers with the number the observation holds."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, sampling, seed):
+        from coevolve.rollout import Completion
+        from coevolve.rollout.hf import encode_prompt
+
+        out = []
+        for prompt in prompts:
+            question, _, episode = prompt.partition("=?\n")
+            text = (f"```python\nprint({question.removeprefix('Q:')})\n```\n```output" if not episode
+                    else f"A:{episode.split('```output')[1].split()[0]}")
+            reason = "stop" if text.endswith("```output") else "eos"
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            out.append(Completion(prompt, encode_prompt(self.tokenizer, prompt), ids, text, [-1.0] * len(ids),
+                                  reason))
+        return out
+
+    def pop_metrics(self):
+        return {}

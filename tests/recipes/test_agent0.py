@@ -8,7 +8,7 @@ import signal
 
 import helpers
 import pytest
-from helpers import records
+from helpers import CallThenAnswer, records
 from run_checks import assert_same_training, run_killed, train_rows
 from typer.testing import CliRunner
 
@@ -19,7 +19,6 @@ from coevolve.recipes import resolve
 from coevolve.recipes.agent0 import EXECUTOR_PROMPT, curriculum_tool_calls
 from coevolve.recipes.r_zero import PoolItem, Question
 from coevolve.rollout import Completion
-from coevolve.rollout.hf import encode_prompt
 
 TINY = ["eval_sets=[]", "rollout.max_new_tokens=8", "params.questioner_steps=2", "params.solver_steps=2",
         "params.questioner_prompts=2", "params.questioner_group=2", "params.score_samples=2", "params.pool_size=6",
@@ -129,22 +128,7 @@ def test_a_curriculum_step_whose_executor_calls_the_tool(random_model_dir):
     tasks = iter(["1+2", "7*8", "9-4", "2*3"])
     recipe.read_question = lambda output: Question(output, next(tasks), None)
 
-    class CallThenAnswer:
-        def generate(self, prompts, sampling, seed):
-            out = []
-            for prompt in prompts:
-                question, _, episode = prompt.partition("=?\n")
-                text = (f"```python\nprint({question.removeprefix('Q:')})\n```\n```output" if not episode
-                        else f"A:{episode.split('```output')[1].split()[0]}")
-                reason = "stop" if text.endswith("```output") else "eos"
-                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-                out.append(Completion(prompt, encode_prompt(tokenizer, prompt), ids, text, [-1.0] * len(ids), reason))
-            return out
-
-        def pop_metrics(self):
-            return {}
-
-    recipe._runtime.engine = lambda policy, trainer: CallThenAnswer()
+    recipe._runtime.engine = lambda policy, trainer: CallThenAnswer(tokenizer)
     out = recipe.step(1)
     rows = records(out)
     assert [r["question"] for r in rows] == ["1+2", "7*8", "9-4", "2*3"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import records
+from helpers import CallThenAnswer, records
 
 from coevolve.recipes import resolve
 from coevolve.rollout import Completion
@@ -56,24 +56,7 @@ def test_rollout_tools_turn_the_solvers_samples_into_episodes(random_model_dir):
     recipe = cls(config, params)
     tokenizer = recipe.policy.tokenizer
 
-    class CallThenAnswer:
-        """Turn 1: print the question's expression; turn 2: answer with the number the observation holds."""
-
-        def generate(self, prompts, sampling, seed):
-            out = []
-            for prompt in prompts:
-                question, _, episode = prompt.partition("=?\n")
-                text = (f"```python\nprint({question.removeprefix('Q:')})\n```\n```output" if not episode
-                        else f"A:{episode.split('```output')[1].split()[0]}")
-                reason = "stop" if text.endswith("```output") else "eos"
-                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-                out.append(Completion(prompt, encode_prompt(tokenizer, prompt), ids, text, [-1.0] * len(ids), reason))
-            return out
-
-        def pop_metrics(self):
-            return {}
-
-    recipe._runtime.engine = lambda policy, trainer: CallThenAnswer()
+    recipe._runtime.engine = lambda policy, trainer: CallThenAnswer(tokenizer)
     out = recipe.step(1)
     rows = records(out)
     assert [r["reward"] for r in rows] == [1, 1, 1, 1]  # every answer the model wrote after reading the sandbox
