@@ -1,12 +1,13 @@
 """Absolute Zero in the tiny program world: held-out accuracy on the three task types against the untrained model and
-against GRPO with ground-truth tasks of the same world and model, with AZR's per-type telemetry.
+against GRPO with ground-truth tasks of the same world and model, with AZR's per-type telemetry, the solver's training
+signal per type and held-out accuracy by program level.
 
-    python -m experiments.azr.run --arms grpo_program azr [--seeds 0 1 2] [--jobs 2] [--report-only]
-    python -m experiments.azr.run --arms grpo_program_300 azr_300 --seeds 0      # the longer horizon, one seed
+    python -m experiments.azr.run --arms grpo_l23 azr_lr2e-4 [--seeds 0 1 2] [--jobs 1] [--report-only]
+    python -m experiments.azr.run --arms grpo_l23_300 --seeds 0          # GRPO for 300 steps, one seed
 
-results.md holds the 100-step arms, 3 seeds (azr seed 2 stopped at step 75 and was resumed from that checkpoint with the
-same code after main's contract was merged; the resumed steps' losses match a fresh run's, as
-tests/recipes/test_azr.py's kill-and-resume test checks). The 300-step arms are defined but not run yet.
+results.md holds grpo_l23 and azr_lr2e-4 (levels 2-3, lr 2e-4, 100 steps) and grpo_l23_300; README.md says what they
+show. The first experiment's arms (grpo_program, azr: levels 1-3, lr 5e-5) are kept for its command; their results
+are in git (commit 6994189). azr_code_optim and the 300-step azr arm are defined but not run.
 """
 
 import statistics
@@ -49,7 +50,7 @@ TELEMETRY = ("valid_rate", "learnability", "solve_rate", "buffer_size_final", "b
 
 QUERY_KIND = {"O?": "deduction", "I?": "abduction", "P?": "induction"}
 LEVELS = (1, 2, 3)
-SIGNAL = ("train_solve_rate", "mixed_groups", "worked_share")
+SIGNAL = ("train_solve_rate", "mixed_groups", "worked_share", "worked_solve_rate", "bare_solve_rate")
 
 
 def measure(run: Path) -> dict[str, float]:
@@ -87,6 +88,9 @@ def training_signal(run: Path) -> dict[str, float]:
         mixed = [0 < sum(g) < len(g) for key, g in groups.items() if kinds[key] == kind and len(g) > 1]
         out |= {f"{kind}/train_solve_rate": statistics.fmean(c for c, _ in rows),
                 f"{kind}/worked_share": statistics.fmean(w for _, w in rows)}
+        for form, worked in (("worked", True), ("bare", False)):
+            if any(w == worked for _, w in rows):
+                out[f"{kind}/{form}_solve_rate"] = statistics.fmean(c for c, w in rows if w == worked)
         if mixed:
             out[f"{kind}/mixed_groups"] = statistics.fmean(mixed)
     return out
@@ -151,7 +155,8 @@ def curves(results: Sequence[ArmResult], here: Path, seeds: Sequence[int]) -> li
               "train_solve_rate, the share of trained solver rollouts that were right; mixed_groups, the share of "
               "rollout groups with both right and wrong answers (grpo: G = 8 rollouts of a task; azr: n = 4 "
               "learnability rollouts of a proposed task), the only groups with a nonzero advantage in grpo; "
-              "worked_share, the share of trained rollouts in the worked form:", "",
+              "worked_share, the share of trained rollouts in the worked form, and the solve rate of worked and of "
+              "bare rollouts (in tiny-arith, most of what RL teaches is to write out the work: README.md):", "",
               "| arm | task type | " + " | ".join(SIGNAL) + " |", "|---|---|" + "---|" * len(SIGNAL)]
     for r in results:
         for kind in KINDS if r.extra else ():
