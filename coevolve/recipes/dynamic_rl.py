@@ -40,6 +40,7 @@ from coevolve.recipes.base import (
     register,
     role_metrics,
     step_seed,
+    tool_use,
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
@@ -281,6 +282,7 @@ class DynamicRL(GeneratorRecipe[DynamicRLParams, PromptBuilder, OutputParser]):
             "solver/reward_mean": mean(r_s),
             **{f"reward/{t}": mean([q.rewards[t] for q in questions]) for t in QUESTION_TERMS},
             "reward/R_s": mean(r_s),
+            **tool_use(self.config, [c for q in questions for c in q.solutions], [r > 0 for r in r_s]),
             "questions/valid_rate": len(posed) / n,
             "questions/filtered_rate": sum(bool(q.filtered) for q in questions) / n,
             **{f"questions/filter_{rule}": sum(rule in q.filtered for q in questions) / n for rule in FILTER_RULES},

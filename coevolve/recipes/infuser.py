@@ -55,6 +55,7 @@ from coevolve.recipes.base import (
     register,
     role_metrics,
     step_seed,
+    tool_use,
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
@@ -417,6 +418,7 @@ class Infuser(GeneratorRecipe[InfuserParams, DocumentPromptBuilder, DocumentOutp
         return {
             "generator/reward_mean": mean([x.reward for x in generated]),
             "solver/reward_mean": mean([r for x in valid for r in x.rewards]),
+            **tool_use(self.config, [c for x in valid for c in x.solutions], [r > 0 for x in valid for r in x.rewards]),
             "influence/mean": mean(scored),
             "influence/std": float(np.std(scored)) if scored else float("nan"),
             "influence/positive_rate": mean([float(s > 0) for s in scored]),

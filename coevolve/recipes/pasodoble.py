@@ -57,6 +57,7 @@ from coevolve.recipes.base import (
     register,
     role_metrics,
     step_seed,
+    tool_use,
     train_samples,
 )
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
@@ -379,6 +380,8 @@ class PasoDoble(GeneratorRecipe[PasoDobleParams, DocumentPromptBuilder, Document
             self.evict(entries, [x.p_raw for x in replayed])
         self.advance_phase(updated=bool(kept), target=p.solver_steps, next_phase="proposer")
         metrics = {"solver/reward_mean": mean([r for x in replayed for r in x.solver_rewards]),
+                   **tool_use(self.config, [c for x in replayed for c in x.solutions],
+                              [r > 0 for x in replayed for r in x.solver_rewards]),
                    "replay/kept_rate": len(kept) / count, "replay/pass_rate_mean": mean([x.p_raw for x in replayed]),
                    **stats, "skipped": float(not kept), "phase_proposer": 0.0, "buffer/size": float(len(self.buffer)),
                    **timer}
@@ -521,6 +524,8 @@ class PasoDoble(GeneratorRecipe[PasoDobleParams, DocumentPromptBuilder, Document
         return {
             "generator/reward_mean": mean([x.reward for x in proposals]),
             "solver/reward_mean": mean([r for x in proposals for r in x.solver_rewards]),
+            **tool_use(self.config, [c for x in proposals for c in x.solutions],
+                       [r > 0 for x in proposals for r in x.solver_rewards]),
             "reward/r_div": mean([x.r_div for x in posed]),
             "reward/r_diff": mean([p.difficulty_offset - x.p for x in posed]),
             "questions/valid_rate": mean([float(bool(x.question and x.answer)) for x in proposals]),

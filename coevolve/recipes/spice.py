@@ -35,7 +35,16 @@ from coevolve.documents import DocumentPool, check_document_source, load_documen
 from coevolve.formats import Generation, GeneratorFormat, one_line
 from coevolve.grading.extract import braces_balanced, extract_answer, tag_blocks
 from coevolve.grading.guard import parses_model_text
-from coevolve.recipes.base import PhaseTimer, StepOutput, mean, register, role_metrics, step_seed, train_samples
+from coevolve.recipes.base import (
+    PhaseTimer,
+    StepOutput,
+    mean,
+    register,
+    role_metrics,
+    step_seed,
+    tool_use,
+    train_samples,
+)
 from coevolve.recipes.generator import GeneratorParams, GeneratorRecipe
 from coevolve.records import SampleRow, generator_row, solver_row
 from coevolve.rewards.spice import challenger_reward, reasoner_reward
@@ -317,7 +326,7 @@ class Spice(GeneratorRecipe[SpiceParams, ChallengerPromptBuilder, ChallengerOutp
                                    self.params.reasoner_samples, seed)
         for t, (answers, parsed) in zip(tasks, groups):
             if t.form == "mcq":
-                parsed = [extract_answer(c.text, "mcq", len(CHOICES)) for c in answers]
+                parsed = [extract_answer(c.written_text, "mcq", len(CHOICES)) for c in answers]
             t.answers, t.parsed = answers, parsed
             t.scores = [reasoner_reward(self.agrees(t, a)) for a in parsed]
             t.reasoner_advantages = [float(a) for a in compute_advantages(self.params.advantage, t.scores,
@@ -338,6 +347,7 @@ class Spice(GeneratorRecipe[SpiceParams, ChallengerPromptBuilder, ChallengerOutp
             "generator/reward_mean": mean([t.reward for t in tasks]),
             "generator/advantage_abs_mean": mean([abs(t.advantage) for t in tasks]),
             "solver/reward_mean": mean([s for t in valid for s in t.scores]),
+            **tool_use(self.config, [c for t in valid for c in t.answers], [s > 0 for t in valid for s in t.scores]),
             "solver/advantage_abs_mean": mean([abs(a) for t in valid for a in t.reasoner_advantages]),
             "questions/valid_rate": len(valid) / len(tasks),
             "spice/valid_rate_mcq": mean([float(t.valid) for t in by_form["mcq"]]),

@@ -61,6 +61,7 @@ from coevolve.recipes.base import (
     register,
     role_metrics,
     step_seed,
+    tool_use,
     train_samples,
 )
 from coevolve.records import LabelSource, SampleRow, solver_row
@@ -381,6 +382,7 @@ class TTRL(Recipe[TTRLParams]):
         return {
             "reward/agree": mean([float(agree) for _, agree, _ in trained_answers]),
             "reward/correct": mean(truth),
+            **tool_use(self.config, [v.group[i] for v in voted for i in v.trained], [t > 0 for t in truth]),
             "ttrl/label_accuracy": label_accuracy,
             "ttrl/label_error_rate": 1.0 - label_accuracy,
             "ttrl/reward_accuracy": mean([float(float(agree) == t)
