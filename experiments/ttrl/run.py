@@ -57,7 +57,7 @@ def answer_entropy(run: RunData) -> tuple[list[int], list[float]]:
 CURVES = {  # panel title -> series of a run: (steps, values)
     "held-out accuracy, mean of L1-L4": lambda run: heldout_accuracy(run, HELD_OUT),
     "held-out accuracy, L2 (the trained level)": lambda run: heldout_accuracy(run, ["arith_l2"]),
-    f"training reward ({SMOOTH}-step mean; ttrl: majority agreement)":
+    f"training reward ({SMOOTH}-step mean; ttrl: agreement; evol_rl: in [-1, 1])":
         lambda run: running_mean(run.series("solver/reward_mean")),
     f"majority label = ground truth ({SMOOTH}-step mean)": lambda run: running_mean(run.series("ttrl/label_accuracy")),
     f"answer entropy of the N votes, bits ({SMOOTH}-step mean)": lambda run: running_mean(answer_entropy(run)),
@@ -127,7 +127,7 @@ def _plot(results: Sequence[ArmResult], here: Path, seeds: Sequence[int]) -> Non
                             label=r.arm.name if k == 0 else None, marker="o" if len(xs) < 20 else None, markersize=3)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
-        ax.set_ylim(*((-0.05, 4.05) if "bits" in title else (-0.02, 1.02)))
+        ax.set_ylim(*((-0.05, 4.05) if "bits" in title else (-1.05, 1.05) if "reward" in title else (-0.02, 1.02)))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
