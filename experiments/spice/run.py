@@ -50,14 +50,14 @@ def grounding_measures(out: Path) -> dict[str, float]:
     run = load_run(out)
     tokens = sum(v for row in run.metrics.values() for k, v in row.items()
                  if k.startswith("tokens/") and isinstance(v, (int, float)))
-    return {"tasks solved": float(len(rates)), "mean p": statistics.fmean(rates),
+    return {"tasks scored": float(len(rates)), "mean p": statistics.fmean(rates),
             **{f"share {b}": statistics.fmean(bin_of(p) == b for p in rates) for b in BINS},
             "mean p, last quarter": statistics.fmean(late),
             "share 0 < p < 1, last quarter": statistics.fmean(0 < p < 1 for p in late),
             "tokens generated": float(tokens), **trained_label_errors(out)}
 
 
-SHOWN = ("tasks solved", "mean p", *(f"share {b}" for b in BINS), "mean p, last quarter",
+SHOWN = ("tasks scored", "mean p", *(f"share {b}" for b in BINS), "mean p, last quarter",
          "share 0 < p < 1, last quarter", "tokens generated", "trained_questions_wrong_key")
 
 
