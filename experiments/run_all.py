@@ -15,9 +15,10 @@ from experiments.infuser.run import EXPERIMENT as INFUSER
 from experiments.opensir.run import EXPERIMENT as OPENSIR
 from experiments.pasodoble.run import EXPERIMENT as PASODOBLE
 from experiments.prism.run import EXPERIMENT as PRISM
+from experiments.spice.run import EXPERIMENT as SPICE
 from experiments.ttrl.run import EXPERIMENT as TTRL
 
-EXPERIMENTS = (DYNAMIC_RL, OPENSIR, PRISM, PASODOBLE, INFUSER, TTRL, AZR, AGENT0)
+EXPERIMENTS = (DYNAMIC_RL, OPENSIR, PRISM, PASODOBLE, INFUSER, TTRL, AZR, SPICE, AGENT0)
 HERE = Path(__file__).resolve().parent
 
 if __name__ == "__main__":

@@ -115,3 +115,28 @@ def test_real_lm_short_run_counts_only_solver_steps_with_a_nonzero_advantage(tmp
     assert _gsm8k(evaluated) == {"accuracy": 0.25, "finished": 0.75, "answered": 0.5, "max_new_tokens": 256}
     assert _eval_cell(_gsm8k(evaluated)) == "0.25 (75% finished, 50% answered)"
     assert _gsm8k(tmp_path / "missing") is None
+
+
+def test_ttrl_answer_entropy_is_the_mean_over_questions_of_the_votes_entropy(tmp_path):
+    from coevolve.analytics.curriculum import load_run
+    from experiments.ttrl.run import answer_entropy
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    votes = {"q0": ["7", "7", "7", "7"], "q1": ["3", "4", None, None]}  # 0 bits; counts 1, 1, 2: 1.5 bits
+    _write_samples(tmp_path, 1, [{"step": 1, "role": "solver", "question_id": q, "answer": a}
+                                 for q, answers in votes.items() for a in answers])
+    _write_samples(tmp_path, 2, [{"step": 2, "role": "solver", "question_id": "q0", "answer": a} for a in "1234"])
+    steps, values = answer_entropy(load_run(tmp_path))
+    assert steps == [1, 2]
+    assert values == pytest.approx([0.75, 2.0])
+
+
+def test_spice_success_rates_read_the_generator_rows_and_bin_them(tmp_path):
+    from experiments.spice.run import BINS, bin_of, solve_rates
+
+    for step, rates in ((1, [0.0, 0.25, None]), (2, [0.5, 1.0]), (3, [0.75]), (4, [1.0])):
+        _write_samples(tmp_path, step, [{"step": step, "role": "generator", "solve_rate": p} for p in rates]
+                       + [{"step": step, "role": "solver", "solve_rate": 0.5}])  # solver rows are not tasks
+    assert solve_rates(tmp_path) == [0.0, 0.25, 0.5, 1.0, 0.75, 1.0]
+    assert solve_rates(tmp_path, 0.25) == [1.0]  # the last quarter of 4 step files
+    assert [bin_of(p) for p in (0.0, 0.25, 0.5, 0.75, 1.0)] == list(BINS)
