@@ -45,18 +45,16 @@ def evaluate_solver(recipe: Recipe, config: RunConfig, store: RunStore, step: in
     ``eval/<set>/accuracy_lenient`` (last number or expression). With ``rollout.tools`` the solver answers in
     tool-using episodes, as it trains, and ``eval/<set>/tool_call_rate`` is the share of samples that called a tool."""
     from coevolve.evaluation.harness import evaluate
-    from coevolve.roles import evaluation_episodes
 
     if not config.eval_sets:
         return {}
     policy = recipe.solver()
     started = time.perf_counter()
-    with evaluation_episodes(recipe.engine(policy), policy, config.rollout) as engine:
-        summaries = evaluate(policy, engine, config.eval_sets, preset=config.eval_preset,
-                             max_new_tokens=config.eval_max_new_tokens, limit=config.eval_limit,
-                             seed=config.seed, data_dir=config.data_dir,
-                             out_dir=store.eval_dir / f"step_{step:06d}" if distributed.is_main() else None,
-                             progress=False)
+    summaries = evaluate(policy, recipe.solving_engine(policy), config.eval_sets, preset=config.eval_preset,
+                         max_new_tokens=config.eval_max_new_tokens, limit=config.eval_limit,
+                         seed=config.seed, data_dir=config.data_dir,
+                         out_dir=store.eval_dir / f"step_{step:06d}" if distributed.is_main() else None,
+                         progress=False)
     keys = ["accuracy", "accuracy_lenient"] + (["tool_call_rate"] if config.rollout.tools else [])
     row = {f"eval/{name}/{key}": s[key] for name, s in summaries.items() for key in keys}
     row["time/eval_s"] = time.perf_counter() - started

@@ -51,9 +51,10 @@ def evaluation_sampler(policy: Policy, rollout: SamplingConfig, *, seed: int) ->
 
 @contextmanager
 def evaluation_episodes(engine: RolloutEngine, policy: Policy, rollout: SamplingConfig) -> Iterator[RolloutEngine]:
-    """``engine`` as a run's solver samples: with ``rollout.tools``, tool-using episodes (up to
-    ``rollout.max_tool_calls`` calls, in a sandbox pool of the evaluation's own, closed after it), so held-out accuracy
-    is the accuracy of the solver the run trains; without tools, ``engine`` itself."""
+    """``engine`` as a run's solver samples, for ``coevolve eval`` (which has no run's roles): with
+    ``rollout.tools``, tool-using episodes (up to ``rollout.max_tool_calls`` calls, in a sandbox pool of the
+    evaluation's own, closed after it); without tools, ``engine`` itself. A run's own evaluation samples with its
+    solver's engine (``Recipe.solving_engine``)."""
     if not rollout.tools:
         yield engine
         return

@@ -279,11 +279,17 @@ class Recipe(Generic[ParamsT]):
         solver's rollout sampling, ``rollout.*`` and, with ``params.solver_format_constraint``, the answer format)."""
         return _groups(self.engine(policy), prompts, group_size, seed, params or self.solver_sampling)
 
+    def solving_engine(self, policy: Policy) -> RolloutEngine:
+        """The sampler ``policy`` answers with as a solver: with ``rollout.tools``, tool-using episodes around its
+        :meth:`engine` (:mod:`coevolve.rollout.episodes`, one sandbox pool for the run), else the engine itself."""
+        if not self.config.rollout.tools:
+            return self.engine(policy)
+        return self._runtime.episode_engine(policy, self._trainers.get(id(policy)))
+
     def episode_groups(self, policy: Policy, prompts: Sequence[str], group_size: int, seed: int,
                        params: SamplingParams | None = None) -> list[list[Completion]]:
         """:meth:`sample_groups` as tool-using episodes (``rollout.tools``, :mod:`coevolve.rollout.episodes`)."""
-        engine = self._runtime.episode_engine(policy, self._trainers.get(id(policy)))
-        return _groups(engine, prompts, group_size, seed, params or self.solver_sampling)
+        return _groups(self.solving_engine(policy), prompts, group_size, seed, params or self.solver_sampling)
 
     def solve_groups(self, policy: Policy, prompts: Sequence[str], n: int, seed: int,
                      params: SamplingParams | None = None, tools: bool = True,
