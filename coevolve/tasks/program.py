@@ -28,8 +28,11 @@ pretraining corpus writes the program's operators in order, ``*+`` for ``x*3+2``
 Held-out evaluation sets ``prog_deduction``, ``prog_abduction`` and ``prog_induction`` (200 tasks each, programs of
 1-3 operations, inputs 0-9) register here; their gold answers are check specs (``ded|14``, ``abd|x*3+2|14``,
 ``ind|4>14;5>17;6>20``) that :func:`check_spec` grades by evaluating the program, so abduction accepts any input
-that gives the output and induction any program that maps the hidden pairs. Training samplers exclude the held-out
-programs (:func:`held_out_programs`).
+that gives the output and induction any program that maps the hidden pairs. Training samplers
+(:func:`training_triplet`) redraw the held-out programs of two and three operations, and at one operation, where there
+are only 63 programs, the held-out tasks themselves (:func:`is_held_out`): the level-1 sets measure new inputs of
+known programs, the others new programs. (FORMAT_VERSION 1 held out every program of every level, which left 4
+one-operation programs to train on: ``experiments/azr/README.md``.)
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from coevolve.tasks.triplets import (
     Validation,
 )
 
-FORMAT_VERSION = 1  # bump when a format, the generators or the held-out sets change
+FORMAT_VERSION = 2  # bump when a format, the generators, the held-out sets or what training leaves out change
 MAX_PROGRAM_CHARS = 40
 MAX_PROGRAM_OPS = 6
 INPUT_BOUND = 999
@@ -142,14 +145,10 @@ def make_triplet(program: str, inputs: Sequence[int], message: str = "") -> Trip
     return Triplet(program, tuple(str(x) for x in inputs), tuple(outputs), message)
 
 
-def random_triplet(kind: Kind, ops: int, rng: random.Random, n_inputs: int = INDUCTION_INPUTS,
-                   exclude: frozenset[str] = frozenset()) -> Triplet:
-    """A random valid task of ``kind`` (programs in ``exclude`` redrawn): induction gets ``n_inputs`` distinct
-    inputs and the corpus message."""
+def random_triplet(kind: Kind, ops: int, rng: random.Random, n_inputs: int = INDUCTION_INPUTS) -> Triplet:
+    """A random valid task of ``kind``: induction gets ``n_inputs`` distinct inputs and the corpus message."""
     while True:
         program = random_program(ops, rng)
-        if program in exclude:
-            continue
         low, high = INPUT_RANGE
         inputs = rng.sample(range(low, high + 1), n_inputs) if kind == "induction" else [rng.randint(low, high)]
         triplet = make_triplet(program, inputs, message_of(program) if kind == "induction" else "")
@@ -370,8 +369,31 @@ def held_out_tasks(kind: Kind, n: int = HELD_OUT_SIZE) -> list[HeldOutTask]:
 
 @lru_cache(maxsize=1)
 def held_out_programs() -> frozenset[str]:
-    """The programs of every held-out task (training samplers redraw them)."""
-    return frozenset(t.triplet.program for kind in KINDS for t in _held_out(kind))
+    """The programs of the held-out tasks of two and more operations (training samplers redraw them)."""
+    return frozenset(t.triplet.program for kind in KINDS for t in _held_out(kind) if t.level >= 2)
+
+
+@lru_cache(maxsize=1)
+def _held_out_one_operation_tasks() -> frozenset[tuple[str, tuple[str, ...]]]:
+    """(program, inputs) of the held-out one-operation tasks; deduction and abduction share their keys, since one
+    (program, input, output) triplet answers both."""
+    return frozenset((t.triplet.program, t.triplet.inputs if kind == "induction" else t.triplet.inputs[:1])
+                     for kind in KINDS for t in _held_out(kind) if t.level == 1)
+
+
+def is_held_out(kind: Kind, triplet: Triplet) -> bool:
+    """Whether training must leave ``triplet`` out: its program is a held-out program of two or more operations, or it
+    is a held-out one-operation task (the same program and input; for induction the same program and inputs)."""
+    inputs = triplet.inputs if kind == "induction" else triplet.inputs[:1]
+    return triplet.program in held_out_programs() or (triplet.program, inputs) in _held_out_one_operation_tasks()
+
+
+def training_triplet(kind: Kind, ops: int, rng: random.Random) -> Triplet:
+    """A random task of ``kind`` for training (pretraining corpus, GRPO's ground-truth tasks): held-out ones redrawn."""
+    while True:
+        triplet = random_triplet(kind, ops, rng)
+        if not is_held_out(kind, triplet):
+            return triplet
 
 
 def check_spec(kind: Kind, task: Triplet) -> str:

@@ -174,13 +174,13 @@ class ProgramTask(Task):
 
     def training_problems(self, rng, n, *, levels: Sequence[int] = program_task.LEVELS, **_):
         """``n`` tasks of the three types in turn, with programs of a number of operations drawn from ``levels``
-        (held-out programs redrawn)."""
+        (held-out programs and tasks redrawn: :func:`coevolve.tasks.program.training_triplet`)."""
         ops = [lv for lv in levels if 1 <= lv <= program_task.MAX_PROGRAM_OPS] or list(program_task.LEVELS)
         problems = []
         for i in range(n):
             kind = program_task.KINDS[i % 3]
             level = rng.choice(ops)
-            task = program_task.random_triplet(kind, level, rng, exclude=program_task.held_out_programs())
+            task = program_task.training_triplet(kind, level, rng)
             problems.append(Problem(program_task.question_text(kind, task), program_task.check_spec(kind, task),
                                     level=level))
         return problems

@@ -29,12 +29,17 @@ def test_the_corpus_writes_every_format_and_no_held_out_program():
     pairs = [build.sample(rng) for _ in range(3000)]
     queries = {prompt.splitlines()[-1] for prompt, _ in pairs}
     assert queries == {"O?", "I?", "P?", "W:D", "W:A", "W:I"}
+    solving = sum(prompt.endswith("?\n") for prompt, _ in pairs) / len(pairs)
+    assert abs(solving - build.solve_share) < 0.03
     deduction = [(p, c) for p, c in pairs if p.endswith("O?\n")]
     bare = [p for p, c in deduction if not c.startswith("S:")]
     assert all(program.level_of_program(p.splitlines()[0][2:]) >= 2 for p in bare)  # one step: always worked
     assert 0.3 < len(bare) / len(deduction) < 0.6
     programs = {line[2:] for p, c in pairs for line in (p + "\n" + c).splitlines() if line.startswith("P:")}
     assert programs and not programs & held
+    solved = [program.make_triplet(p.splitlines()[0][2:], [int(c.splitlines()[-1][2:])]) for p, c in pairs
+              if p.endswith("I?\n")]  # abduction: the answer is the input
+    assert solved and not any(program.is_held_out("abduction", t) for t in solved if t is not None)
 
 
 def test_build_writes_its_report_and_the_model_proposes_valid_tasks(small_tiny_program):

@@ -95,10 +95,33 @@ def test_the_held_out_sets_are_fixed_and_graded_by_evaluation():
     assert task.parse_answer("S:...\nO:7", "compact") == "O:7"
 
 
-def test_training_problems_avoid_the_held_out_programs():
+def test_training_problems_avoid_the_held_out_programs_and_one_operation_tasks():
     held = P.held_out_programs()
-    problems = get_task("program").training_problems(random.Random(0), 300, levels=[1, 2])
+    problems = get_task("program").training_problems(random.Random(0), 600, levels=[1, 2])
     assert [p.answer.split("|")[0] for p in problems[:3]] == ["ded", "abd", "ind"]
     assert {p.level for p in problems} == {1, 2}
     programs = {p.question.splitlines()[0][2:] for p in problems if p.question.startswith("P:")}
     assert programs and not programs & held
+    # one-operation programs (63 in all) stay in training: only the held-out tasks themselves are left out
+    one_op = {t.triplet.program for kind in KINDS for t in P.held_out_tasks(kind) if t.level == 1}
+    assert not one_op & held and len(programs & one_op) >= 20
+    held_pairs = {(t.triplet.program, t.triplet.inputs[0]) for kind in ("deduction", "abduction")
+                  for t in P.held_out_tasks(kind) if t.level == 1}
+    questions = [p.question.splitlines() for p in problems if p.level == 1 and p.question.startswith("P:")]
+    trained_pairs = {(q[0][2:], q[1][2:]) for q in questions if q[1].startswith("I:")}
+    assert trained_pairs and not trained_pairs & held_pairs
+
+
+def test_is_held_out_by_program_from_two_operations_and_by_task_at_one():
+    deduction = {t.level: t.triplet for t in reversed(P.held_out_tasks("deduction"))}
+    two_ops = deduction[2]
+    other_input = P.make_triplet(two_ops.program, [(int(two_ops.inputs[0]) + 1) % 10])
+    assert P.is_held_out("deduction", two_ops) and P.is_held_out("abduction", other_input)
+    one_op = deduction[1]
+    assert P.is_held_out("deduction", one_op) and P.is_held_out("abduction", one_op)  # the same triplet answers both
+    fresh = [x for x in range(10) if not P.is_held_out("deduction", P.make_triplet(one_op.program, [x]))]
+    assert fresh and len(fresh) < 10
+    rng = random.Random(1)
+    assert not any(P.is_held_out(kind, P.training_triplet(kind, 1, rng)) for kind in KINDS for _ in range(200))
+
+
