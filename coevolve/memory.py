@@ -206,10 +206,12 @@ class StatePlan:
 def role_state_bytes(parameters: int, trained: int, *, eight_bit: bool, bf16: bool, sampler_copy: bool,
                      reference: bool) -> int:
     """Device bytes one resident role holds between passes: its fp32 weights (and a frozen fp32 KL ``reference``), the
-    gradients and AdamW moments of its ``trained`` parameters (:func:`adam_state_bytes`, counted as one tensor), under
-    ``bf16`` autocast's bf16 copies of them, and with ``sampler_copy`` the sampler's bf16 copy of every weight."""
+    gradients and AdamW moments of its ``trained`` parameters (8 bytes each, or with ``eight_bit`` 2 + 8/256 as if
+    every tensor were quantised: :func:`adam_state_bytes`), under ``bf16`` autocast's bf16 copies of them, and with
+    ``sampler_copy`` the sampler's bf16 copy of every weight."""
     weights = 4 * parameters * (2 if reference else 1)
-    update = 4 * trained + adam_state_bytes(trained, 4, eight_bit=eight_bit) + (2 * trained if bf16 else 0)
+    moments = 2 * trained + 8 * trained // EIGHT_BIT_BLOCK if eight_bit else 8 * trained
+    update = 4 * trained + moments + (2 * trained if bf16 else 0)
     return weights + update + (2 * parameters if sampler_copy else 0)
 
 
