@@ -115,6 +115,24 @@ def test_an_8_bit_state_does_not_load_into_plain_adamw(model, tmp_path):
         store.load_checkpoint(1, {"policy": plain.model}, {"policy": plain.optimizer})
 
 
+def test_8_bit_moments_move_between_devices_as_residency_moves_them(model):
+    """train.offload_idle_role moves each state with ``.to(device)``; torchao's subclass keeps its kind and values
+    (here host to host: the CPU is the only device of this machine)."""
+    from coevolve.rl.residency import move_optimizer_state
+
+    trainer = PolicyTrainer(model, Tokenizer(), SETTINGS)
+    trainer.update(SAMPLES)
+    before = copy_state_dict(trainer.optimizer.state_dict())
+    move_optimizer_state(trainer.optimizer, torch.device("cpu"))
+    after = trainer.optimizer.state_dict()["state"]
+    for index, slots in before["state"].items():
+        for name, value in slots.items():
+            assert type(after[index][name]) is type(value)
+            assert torch.equal(after[index][name].dequantize() if is_subclass_state(value) else after[index][name],
+                               value.dequantize() if is_subclass_state(value) else value)
+    assert trainer.update(SAMPLES)["optimizer_steps"] == 1
+
+
 def test_a_copied_8_bit_state_is_independent_and_loads_back(model):
     """What the influence phase does around each question: copy the state, update, load the copy back."""
     trainer = PolicyTrainer(model, Tokenizer(), SETTINGS)
@@ -167,3 +185,43 @@ def test_the_optimizer_setting_is_checked_in_one_line(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
     with pytest.raises(ConfigError, match=r"adamw_8bit needs torchao: pip install 'coevolve\[optim8bit\]'$"):
         check_runtime(config)
+
+
+@pytest.mark.slow
+def test_a_run_resumed_with_8_bit_moments_trains_as_the_uninterrupted_run(tmp_path):
+    """coevolve run (grpo, 3 steps) against the same run stopped after step 2 and resumed for step 3: the same final
+    weights and 8-bit moments, bit for bit (one process: the same samples, the same kernels, the state restored
+    exactly)."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from typer.testing import CliRunner
+
+    from coevolve.cli import app
+    from coevolve.models.tiny_arith import build_tokenizer
+
+    folder = tmp_path / "model"
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer()
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                                 pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "build_info.json").write_text('{"note": "random weights for tests"}\n')
+
+    def run(*args: str):
+        result = CliRunner().invoke(app, ["run", *args, "--quiet"])
+        assert result.exit_code == 0, result.output
+
+    sets = ["--set", f"model={folder}", "--set", "eval_sets=[]", "--set", "rollout.max_new_tokens=4", "--set",
+            "params.questions_per_step=2", "--set", "params.group_size=2", "--set", "train.optimizer=adamw_8bit",
+            "--set", "train.lr=1e-2"]
+    run("grpo", "--out", str(tmp_path / "whole"), *sets, "--set", "steps=3")
+    run("grpo", "--out", str(tmp_path / "resumed"), *sets, "--set", "steps=2")
+    run("--resume", str(tmp_path / "resumed"), "--set", "steps=3")
+    for name in ("solver.safetensors", "solver.optim.safetensors"):
+        whole, resumed = (load_file(tmp_path / run_dir / "checkpoints" / "step_000003" / name)
+                          for run_dir in ("whole", "resumed"))
+        assert whole.keys() == resumed.keys()
+        assert all(torch.equal(whole[k], resumed[k]) for k in whole), name
+    assert any(key.endswith("exp_avg/codes") for key in whole)  # the 8-bit moments, as their plain parts
