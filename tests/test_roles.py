@@ -91,9 +91,15 @@ def test_a_write_that_is_not_published_is_detected(random_model_dir):
     assert sampled_is_live(recipe.engine(policy), policy.model)
 
 
-def planned_runtime(random_policy, monkeypatch, *sets: str, fill: float, cuda: bool = True):
+def planned_runtime(random_policy, monkeypatch, *sets: str, fill: float, cuda: bool = True, torchao: bool = True):
     """A two-role runtime whose device reads as CUDA with ``fill`` x (one role's full training state) + the workspace
-    usable (within HEADROOM), and the settings of its first role."""
+    usable (within HEADROOM), torchao installed or not (no trainer is built: the plan only asks whether it is), and
+    the settings of its first role."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if torchao else None) if name == "torchao" else real(name, *a))
     from coevolve.memory import HEADROOM, ModelShape, role_state_bytes, training_workspace_bytes
     from coevolve.recipes import resolve
     from coevolve.rl import logprob_head
@@ -144,9 +150,6 @@ def test_off_cuda_nothing_is_planned(random_policy, monkeypatch):
 
 
 def test_without_torchao_the_plan_never_chooses_8_bit_moments(random_policy, monkeypatch):
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
-    runtime, settings = planned_runtime(random_policy, monkeypatch, "train.offload_idle_role=false", fill=1.5)
+    runtime, settings = planned_runtime(random_policy, monkeypatch, "train.offload_idle_role=false", fill=1.5,
+                                        torchao=False)
     assert settings.optimizer == "adamw" and not runtime.state_plan.fits
