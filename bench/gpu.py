@@ -13,7 +13,9 @@ only. For each size it measures
   6 x parameters + 6 x layers x hidden x sequence length FLOPs per token (causal attention) against the GPU's
   dense bf16 peak;
 - a two-role step: ``r_zero`` with both roles' models, optimizers and samplers colocated on the one GPU (bf16,
-  gradient checkpointing, optionally ``train.offload_idle_role``), one questioner step then one solver step; peak
+  gradient checkpointing; ``train.offload_idle_role`` with ``--offload``, else on CUDA, with ``train.optimizer`` and
+  ``train.lora`` under ``--set train.lora_if_needed=true``, as the run's memory plan chooses from the free memory,
+  recorded as ``memory_settings``), one questioner step then one solver step; peak
   GPU memory (``torch.cuda.max_memory_allocated``) over both, and seconds per phase. A random model writes no
   parseable question, so every questioner output is read as the same question and a sampled answer as one of four
   values by its characters; all sampling, voting, rewards and updates run as in a real run.
@@ -262,7 +264,7 @@ def bench_two_role_step(folder: Path, device: torch.device, sizes: dict[str, int
     from coevolve.recipes.r_zero import Question
 
     sets = [f"model={folder}", "task=arith", "eval_sets=[]", f"device={device.type}", "train.dtype=bf16",
-            "train.gradient_checkpointing=true", f"train.offload_idle_role={str(offload).lower()}",
+            "train.gradient_checkpointing=true", *(["train.offload_idle_role=true"] if offload else []),
             "params.questioner_steps=1", "params.solver_steps=1", *(f"{k}={v}" for k, v in sizes.items()), *extra]
     config, params, cls = resolve("r_zero", sets=sets)
     recipe = cls(config, params)
@@ -283,9 +285,17 @@ def bench_two_role_step(folder: Path, device: torch.device, sizes: dict[str, int
         phases.update({f"{phase}/{k.removeprefix('time/')}": v for k, v in out.metrics.items()
                        if k.startswith("time/")})
     peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    chosen = planned_settings(recipe)
     del recipe
     return {"sizes": sizes, "offload_idle_role": offload, "sets": list(extra), "steps": steps, "phases_s": phases,
-            "peak_gpu_memory_gib": peak_gib}
+            "peak_gpu_memory_gib": peak_gib, "memory_settings": chosen}
+
+
+def planned_settings(recipe) -> dict[str, Any]:
+    """What each role trained with, as set or as the run's memory plan chose it on CUDA (coevolve.roles.plan_state):
+    the idle role offloaded, the optimizer, LoRA."""
+    return {role: {"offload_idle_role": trainer.residency is not None, "optimizer": trainer.settings.optimizer,
+                   "lora": trainer.settings.lora} for role, trainer in recipe.trainers().items()}
 
 
 # --- paper presets at their full token budgets ----------------------------------------------------------------------
@@ -458,11 +468,13 @@ def bench_paper_preset(name: str, folder: Path, device: torch.device, sets: list
     reserved_gib = torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None
     needed = {k: v for k, v in (("train.offload_idle_role", config.train.offload_idle_role),
                                 ("train.lora", config.train.lora)) if v}
+    chosen = planned_settings(recipe)
     result = {"paper_models": PAPER_MODELS[name], "sets": sets, "scale": scale, "setup_s": setup_s,
               "step_s": phases, "scaled_step_s": scaled_seconds(phases, metrics, scale),
               "peak_gpu_memory_gib": peak_gib,
               "peak_reserved_gib": reserved_gib,
-              "settings_needed": needed or "none beyond the preset", "max_new_tokens": config.rollout.max_new_tokens,
+              "settings_needed": needed or "none beyond the preset", "memory_settings": chosen,
+              "max_new_tokens": config.rollout.max_new_tokens,
               "metrics": metrics}
     del recipe
     gc.collect()

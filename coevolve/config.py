@@ -199,8 +199,18 @@ class TrainConfig(Strict):
                                                 "(none when every layer's activations fit a pass)")
     compile: bool = Field(False, description="torch.compile each decoder layer of the trained model (fuses its "
                           "elementwise kernels; the first update compiles)")
-    offload_idle_role: bool = Field(False, description="keep only the role that samples or trains on the GPU; the "
-                                    "other roles' weights and AdamW state wait in host memory (no effect on CPU)")
+    offload_idle_role: bool | None = Field(None, description="keep only the role that samples or trains on the GPU; "
+                                           "the other roles' weights and AdamW state wait in host memory; unset: off "
+                                           "on CPU, on CUDA on when the memory plan needs it (a two-role run whose "
+                                           "training state does not fit the free memory)")
+    optimizer: Literal["adamw", "adamw_8bit"] | None = Field(
+        None, description="adamw: torch's AdamW (fp32 moments, 8 bytes per trained parameter); adamw_8bit: torchao's "
+        "AdamW8bit (block-wise 8-bit moments, about 2 bytes per parameter; pip install 'coevolve[optim8bit]'); unset: "
+        "adamw, or on CUDA adamw_8bit when the memory plan needs it")
+    lora_if_needed: bool = Field(False, description="on CUDA, let the memory plan train LoRA adapters (train.lora's "
+                                 "defaults) when full fine-tuning does not fit the free memory even with "
+                                 "offload_idle_role and adamw_8bit; LoRA changes what is trained, so the plan never "
+                                 "chooses it otherwise")
     fsdp: bool = Field(False, description="shard each role's weights, gradients and AdamW state over the processes "
                        "(torch FSDP2), for a model whose training state does not fit one device; needs several "
                        "processes")
@@ -416,6 +426,8 @@ def check_runtime(config: RunConfig, processes: int = 1, fsdp_unsupported: str |
         if problem is not None:
             raise ConfigError(f"config key 'rollout.tools': tool calls run in the bubblewrap sandbox, which cannot "
                               f"run here: {problem}")
+    if config.train.optimizer == "adamw_8bit" and importlib.util.find_spec("torchao") is None:
+        raise ConfigError("config key 'train.optimizer': adamw_8bit needs torchao: pip install 'coevolve[optim8bit]'")
     if config.train.fsdp:
         if processes < 2:
             raise ConfigError("config key 'train.fsdp': sharding needs several processes (--processes N, torchrun "
@@ -423,6 +435,7 @@ def check_runtime(config: RunConfig, processes: int = 1, fsdp_unsupported: str |
                               "--set train.fsdp=false")
         for on, why in ((config.train.lora is not None, "train.lora"),
                         (config.train.offload_idle_role, "train.offload_idle_role"),
+                        (config.train.optimizer == "adamw_8bit", "train.optimizer=adamw_8bit"),
                         (config.train.compile, "train.compile"),
                         (fsdp_unsupported is not None, fsdp_unsupported)):
             if on:

@@ -11,6 +11,7 @@ free memory, since the caching allocator fragments and kernels take workspaces t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -47,6 +48,13 @@ class ModelShape:
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Keys and values of one token in every layer."""
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def lora_parameters(self, rank: int) -> int:
+        """Parameters of rank-``rank`` LoRA adapters on every linear layer of the decoder (peft's all-linear): each
+        layer's query, key, value and output projections and its three MLP projections, (inputs + outputs) x rank."""
+        queries, keys = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        per_layer = 2 * (self.hidden + queries) + 2 * (self.hidden + keys) + 3 * (self.hidden + self.intermediate)
+        return rank * self.layers * per_layer
 
 
 def sampling_bytes(shape: ModelShape, rows: int, slots: int, new_tokens: int, prompt_tokens: int, *,
@@ -135,6 +143,21 @@ def plan_training_pass(free_bytes: int, shape: ModelShape, cap: int, *, dtype_by
     return TrainingPass(max(1, min(cap, budget // per_token)), layers)
 
 
+# torchao's AdamW8bit (as bitsandbytes) quantises the moments of a parameter of at least this many values whose count
+# is a multiple of the block: uint8 codes and one float32 scale per block of 256 values; smaller ones keep fp32 moments.
+EIGHT_BIT_MIN_VALUES = 4096
+EIGHT_BIT_BLOCK = 256
+
+
+def adam_state_bytes(numel: int, element_size: int, *, eight_bit: bool) -> int:
+    """Bytes of AdamW's two moments of a parameter of ``numel`` values of ``element_size`` bytes: two copies in the
+    parameter's dtype, or with ``eight_bit`` (``train.optimizer: adamw_8bit``) one byte per value and a float32 scale
+    per block each (2 + 8/256 bytes per value; the shared 256-entry quantisation maps not counted)."""
+    if eight_bit and numel >= EIGHT_BIT_MIN_VALUES and numel % EIGHT_BIT_BLOCK == 0:
+        return 2 * (numel + 4 * (numel // EIGHT_BIT_BLOCK))
+    return 2 * numel * element_size
+
+
 def free_device_memory(device: torch.device) -> int | None:
     """Bytes a new allocation on ``device`` can use: the driver's free memory plus what torch's caching allocator
     holds unused, within the process's share of the device (``torch.cuda.set_per_process_memory_fraction``).
@@ -146,3 +169,84 @@ def free_device_memory(device: torch.device) -> int | None:
     index = device.index if device.index is not None else torch.cuda.current_device()
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda index: 1.0)(index)
     return max(0, min(free + torch.cuda.memory_reserved(device) - allocated, int(total * fraction) - allocated))
+
+
+# The fewest tokens a training pass should take for the plan of the training state to count it as fitting (every layer
+# checkpointed): below this, the update runs but mostly as per-pass overhead.
+MIN_PASS_TOKENS = 2048
+
+
+@dataclass(frozen=True)
+class StatePlan:
+    """How a run keeps its roles' training state on one device: the idle role in host memory
+    (``train.offload_idle_role``), 8-bit AdamW moments (``train.optimizer: adamw_8bit``), LoRA adapters instead of
+    every weight; with the device bytes that needs and the bytes the plan may fill."""
+
+    offload_idle_role: bool
+    optimizer: Literal["adamw", "adamw_8bit"]
+    lora: bool
+    needed_bytes: int
+    budget_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_bytes <= self.budget_bytes
+
+    def describe(self) -> str:
+        """The plan in plain words, for the run's log."""
+        steps = [what for on, what in ((self.offload_idle_role, "the idle role waits in host memory"),
+                                       (self.optimizer == "adamw_8bit", "8-bit AdamW moments"),
+                                       (self.lora, "LoRA adapters instead of every weight")) if on]
+        verdict = "fits" if self.fits else "does NOT fit (the run may run out of memory)"
+        return (f"{'; '.join(steps) or 'every role resident with fp32 AdamW, nothing changed'}: "
+                f"{self.needed_bytes / 2**30:.1f} GiB of training state and working memory, {verdict} in "
+                f"{self.budget_bytes / 2**30:.1f} GiB ({HEADROOM:.0%} of the usable memory)")
+
+
+def role_state_bytes(parameters: int, trained: int, *, eight_bit: bool, bf16: bool, sampler_copy: bool,
+                     reference: bool) -> int:
+    """Device bytes one resident role holds between passes: its fp32 weights (and a frozen fp32 KL ``reference``), the
+    gradients and AdamW moments of its ``trained`` parameters (8 bytes each, or with ``eight_bit`` 2 + 8/256 as if
+    every tensor were quantised: :func:`adam_state_bytes`), under ``bf16`` autocast's bf16 copies of them, and with
+    ``sampler_copy`` the sampler's bf16 copy of every weight."""
+    weights = 4 * parameters * (2 if reference else 1)
+    moments = 2 * trained + 8 * trained // EIGHT_BIT_BLOCK if eight_bit else 8 * trained
+    update = 4 * trained + moments + (2 * trained if bf16 else 0)
+    return weights + update + (2 * parameters if sampler_copy else 0)
+
+
+def plan_training_state(usable_bytes: int, shape: ModelShape, parameters: int, models: int, *, workspace_bytes: int,
+                        bf16: bool, sampler_copy: bool, reference: bool, offload: bool | None,
+                        optimizer: Literal["adamw", "adamw_8bit"] | None, lora: bool | None,
+                        lora_rank: int = 8) -> StatePlan:
+    """What ``models`` trained models of ``parameters`` each (``shape``) need to train on a device whose process may
+    use ``usable_bytes``: the first of these that fits within ``HEADROOM`` of it, in order of what they change
+    (offloading changes only time; 8-bit moments round the update; LoRA changes what is trained): nothing, the idle
+    role offloaded, 8-bit moments, both, then LoRA (rank ``lora_rank`` on every linear layer) alone, with offloading,
+    with 8-bit moments, with both. ``offload``, ``optimizer`` and ``lora`` are the user's settings: a value is kept
+    as set, None is the plan's to choose (``lora`` None: LoRA allowed, ``train.lora_if_needed``). When nothing fits,
+    the option that needs least, with ``fits`` false. Each option needs its resident roles' state
+    (:func:`role_state_bytes`; one role when offloaded) and ``workspace_bytes`` (the log-prob head's chunk and a pass
+    of ``MIN_PASS_TOKENS`` with every layer checkpointed: :func:`training_workspace_bytes`)."""
+    budget = int(usable_bytes * HEADROOM)
+    options = []
+    for bits in range(8):
+        off, eight, adapters = bool(bits & 1), bool(bits & 2), bool(bits & 4)
+        if offload is None and off and models == 1:  # one model: nothing to offload
+            continue
+        if (offload is not None and off != offload) or (lora is not None and adapters != lora) \
+                or (optimizer is not None and eight != (optimizer == "adamw_8bit")):
+            continue
+        trained = shape.lora_parameters(lora_rank) if adapters else parameters
+        resident = 1 if off and models > 1 else models
+        needed = resident * role_state_bytes(parameters, trained, eight_bit=eight, bf16=bf16,
+                                             sampler_copy=sampler_copy, reference=reference and not adapters)
+        options.append(StatePlan(off, "adamw_8bit" if eight else "adamw", adapters, needed + workspace_bytes, budget))
+    return next((option for option in options if option.fits), min(options, key=lambda option: option.needed_bytes))
+
+
+def training_workspace_bytes(shape: ModelShape, *, dtype_bytes: int, head_bytes: int) -> int:
+    """Device bytes an update works in beside the training state: the log-prob head's ``head_bytes`` and a pass of
+    ``MIN_PASS_TOKENS`` with every layer checkpointed (:func:`training_bytes_per_token`)."""
+    return head_bytes + MIN_PASS_TOKENS * training_bytes_per_token(shape, dtype_bytes=dtype_bytes,
+                                                                   checkpointed_layers=shape.layers)

@@ -7,14 +7,24 @@ sampler it has.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from coevolve import distributed
-from coevolve.config import DEFAULT_TIS_CAP, GPU_MICRO_BATCH_TOKENS, RoleSettings, RunConfig, SamplingConfig
+from coevolve.config import (
+    DEFAULT_TIS_CAP,
+    GPU_MICRO_BATCH_TOKENS,
+    LoraSettings,
+    RoleSettings,
+    RunConfig,
+    SamplingConfig,
+)
+from coevolve.memory import ModelShape, StatePlan, free_device_memory, plan_training_state, training_workspace_bytes
 from coevolve.models import Policy, load_policy
 from coevolve.rl import logprob_head
 from coevolve.rl.residency import Residency
@@ -23,6 +33,10 @@ from coevolve.rollout import RolloutEngine, make_engine
 
 if TYPE_CHECKING:
     from coevolve.execution import Executor
+
+log = logging.getLogger(__name__)
+# Bytes per logit of one chunk of the log-prob head at a time: the float32 logits, their gradient and the softmax.
+HEAD_BYTES_PER_LOGIT = 12
 
 
 def tis_cap(config: RunConfig, *, bf16_sampler: bool, constrained: bool) -> float | None:
@@ -68,10 +82,12 @@ def evaluation_episodes(engine: RolloutEngine, policy: Policy, rollout: Sampling
 class RoleRuntime:
     """The device side of a run's roles: their models, trainers' settings and samplers."""
 
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig, models: int = 1):
         self.config = config
+        self.models = models  # the models the recipe trains (one per role)
         self.device = distributed.device_for(config.device)
         self.residency = Residency(self.device) if config.train.offload_idle_role else None  # which role is on the GPU
+        self.state_plan: StatePlan | None = None  # CUDA: decided at the first role's settings (:meth:`plan_state`)
         self._engines: dict[int, RolloutEngine] = {}  # by id of the Policy it samples
         self._episodes: dict[int, RolloutEngine] = {}  # by id of the Policy: its engine with the tool loop around it
         self._executor: Executor | None = None  # the sandbox pool of the tool calls, from the first episode sampler
@@ -89,14 +105,45 @@ class RoleRuntime:
         sampler decide (``constrained``: the recipe samples under a format constraint)."""
         train = self.config.train
         on_cuda = self.device.type == "cuda"
+        plan = self.plan_state(policy)
+        planned: dict[str, Any] = {} if plan is None else {"optimizer": plan.optimizer}
+        if plan is not None and plan.lora and train.lora is None:
+            planned["lora"] = LoraSettings().model_dump()
         return update_settings(
-            train, role, micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda),
+            train, role, **planned, micro_batch_tokens=self._micro_batch_tokens(policy, on_cuda),
             fit_memory=train.micro_batch_tokens is None,
             tis_cap=tis_cap(self.config, bf16_sampler=self.bf16(self.config.rollout.dtype), constrained=constrained),
             norm_constant=train.norm_constant or self.config.rollout.max_new_tokens,
             temperature=self.config.rollout.temperature, dtype="bf16" if self.bf16(train.dtype) else "fp32",
             gradient_checkpointing=on_cuda if train.gradient_checkpointing is None else train.gradient_checkpointing,
             selective_checkpointing=on_cuda and train.gradient_checkpointing is None)
+
+    def plan_state(self, policy: Policy) -> StatePlan | None:
+        """On CUDA with one process, the plan of what the roles' training state needs in the usable memory (the free
+        memory and what this process holds now: :func:`coevolve.memory.plan_training_state`), made once, at the first
+        role, and logged: the settings left unset among ``train.offload_idle_role``, ``train.optimizer`` (adamw_8bit
+        only where torchao is installed) and, with ``train.lora_if_needed``, ``train.lora`` take its values. None
+        elsewhere (nothing changes)."""
+        train = self.config.train
+        if self.state_plan is not None or self.device.type != "cuda" or train.fsdp or distributed.world_size() > 1:
+            return self.state_plan
+        model = policy.model
+        shape = ModelShape.of(model.config)
+        bf16 = self.bf16(train.dtype)
+        usable = (free_device_memory(self.device) or 0) + torch.cuda.memory_allocated(self.device)
+        self.state_plan = plan_training_state(
+            usable, shape, sum(p.numel() for p in model.parameters()), self.models,
+            workspace_bytes=training_workspace_bytes(shape, dtype_bytes=2 if bf16 else 4,
+                                                     head_bytes=HEAD_BYTES_PER_LOGIT * logprob_head.HEAD_CHUNK_LOGITS),
+            bf16=bf16, sampler_copy=self.config.rollout.engine == "hf" and self.bf16(self.config.rollout.dtype),
+            reference=train.kl_beta > 0, offload=train.offload_idle_role,
+            optimizer=train.optimizer or (None if importlib.util.find_spec("torchao") else "adamw"),
+            lora=True if train.lora is not None else None if train.lora_if_needed else False)
+        if self.state_plan.offload_idle_role and self.residency is None:
+            self.residency = Residency(self.device)
+        log.info("memory plan for %d model(s) of %.2fB parameters in %.1f GiB: %s", self.models,
+                 sum(p.numel() for p in model.parameters()) / 1e9, usable / 2**30, self.state_plan.describe())
+        return self.state_plan
 
     def make_trainer(self, policy: Policy, settings: UpdateSettings) -> PolicyTrainer:
         """A trainer of ``policy`` (it takes turns on the GPU with the other roles' under ``offload_idle_role``)."""

@@ -41,6 +41,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from coevolve import distributed
 from coevolve.jsonio import atomic_write_text, dumps, fsync_path, read_jsonl
+from coevolve.optim_state import is_subclass_state, join_state, plain_groups, split_state, tensor_groups
 from coevolve.records import SampleRow, current_metric_names
 from coevolve.rundir import RunDirError, removal_plan, remove_planned
 
@@ -115,8 +116,9 @@ class RunStore:
         try:
             _write_checkpoint(tmp, step, {role: gathered[role][0] if role in gathered else model
                                           for role, model in models.items()},
-                              {role: cast(dict[str, Any], gathered[role][1]) if role in gathered
-                               else optimizer.state_dict() for role, optimizer in optimizers.items()}, state)
+                              {role: {**(cast(dict[str, Any], gathered[role][1]) if role in gathered
+                                         else optimizer.state_dict()), "optimizer": type(optimizer).__name__}
+                               for role, optimizer in optimizers.items()}, state)
         except BaseException:  # a full disk, an interrupt: no half-written folder left behind
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -179,9 +181,15 @@ class RunStore:
         for role, optimizer in optimizers.items():
             tensors = load_file(str(folder / f"{role}.optim.safetensors"))
             try:
-                saved = _optimizer_state(tensors, state["optimizers"][role])
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                kind = state["optimizers"][role].get("optimizer", type(optimizer).__name__)  # older: not recorded
+                saved = None if kind != type(optimizer).__name__ else _optimizer_state(tensors,
+                                                                                        state["optimizers"][role])
+            except (KeyError, TypeError, ValueError, AttributeError, ImportError) as exc:
                 raise CheckpointDamaged(f"{folder.name}: unreadable {role} optimizer state in state.json") from exc
+            if saved is None:
+                raise CheckpointDamaged(f"{folder.name}: the {role} optimizer state is {kind}'s, this run's optimizer "
+                                        f"is {type(optimizer).__name__} (resume with the train.optimizer it was "
+                                        "saved with)")
             if distributed.is_sharded(models[role]):
                 distributed.load_full_optimizer_state(models[role], optimizer, saved)
             else:
@@ -369,28 +377,48 @@ def _safetensors_problem(path: Path) -> str | None:
 
 
 def _flatten_optimizer(sd: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict]:
-    """An optimizer's ``state_dict()`` as named tensors (for safetensors) plus JSON metadata (no pickle)."""
-    tensors, scalars = {}, {}
+    """An optimizer's ``state_dict()`` as named tensors (for safetensors) plus JSON metadata (no pickle). A tensor
+    subclass state (torchao's 8-bit moments) is stored as its plain parts, ``<index>.<name>/<part>``, described in
+    ``subclasses`` (:mod:`coevolve.optim_state`); 0-d tensors in the param groups (torchao's lr) as numbers."""
+    tensors, scalars, subclasses = {}, {}, {}
     for index, slots in sd["state"].items():
         for name, value in slots.items():
-            if isinstance(value, torch.Tensor):
+            if is_subclass_state(value):
+                parts, subclasses[f"{index}.{name}"] = split_state(value)
+                tensors.update({f"{index}.{name}/{part}": t.contiguous() for part, t in parts.items()})
+            elif isinstance(value, torch.Tensor):
                 tensors[f"{index}.{name}"] = value.contiguous()
             else:
                 scalars[f"{index}.{name}"] = value
     if not tensors:
         tensors["__empty__"] = torch.zeros(1)
-    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+    groups, group_tensors = plain_groups(sd["param_groups"])
+    meta = {"param_groups": groups, "scalars": scalars, **({"optimizer": sd["optimizer"]} if "optimizer" in sd else {})}
+    if subclasses or any(group_tensors):
+        meta.update(subclasses=subclasses, group_tensors=group_tensors)
+    return tensors, meta
 
 
 def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict[str, Any]:
     """The ``state_dict()`` that :func:`_flatten_optimizer` flattened."""
     state: dict[int, dict] = {}
+    parts: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in list(tensors.items()) + list(meta["scalars"].items()):
         if key == "__empty__":
             continue
+        key, slash, part = key.partition("/")
+        if slash:
+            parts.setdefault(key, {})[part] = value
+            continue
         index, name = key.split(".", 1)
         state.setdefault(int(index), {})[name] = value
-    return {"state": state, "param_groups": meta["param_groups"]}
+    for key, description in meta.get("subclasses", {}).items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = join_state(parts[key], description)
+    groups = meta["param_groups"]
+    if "group_tensors" in meta:
+        groups = tensor_groups(groups, meta["group_tensors"])
+    return {"state": state, "param_groups": groups}
 
 
 def _py_rng_state() -> list:

@@ -16,8 +16,11 @@ from coevolve.memory import (
     layer_activation_bytes,
     plan_sampling_rows,
     plan_training_pass,
+    plan_training_state,
+    role_state_bytes,
     sampling_bytes,
     training_bytes_per_token,
+    training_workspace_bytes,
 )
 from coevolve.rollout import SamplingParams
 from coevolve.rollout.hf import HFRolloutEngine
@@ -244,3 +247,74 @@ def test_selective_checkpointing_recomputes_the_planned_layers_and_updates_alike
     for name in ("every", "none"):
         assert results["selective"][0]["loss"] == pytest.approx(results[name][0]["loss"], abs=1e-6)
         torch.testing.assert_close(results["selective"][1], results[name][1], atol=1e-6, rtol=1e-5)
+
+
+# Qwen2.5-1.5B's parameters (tied embeddings) and the workspace the run gives the plan (roles.HEAD_BYTES_PER_LOGIT x
+# logprob_head.HEAD_CHUNK_LOGITS: 3 GiB, and a pass of 2,048 tokens with every layer checkpointed: 0.78 GiB).
+QWEN_1_5B_PARAMETERS = 1_543_714_304
+WORKSPACE = training_workspace_bytes(QWEN_1_5B, dtype_bytes=2, head_bytes=12 * 2**28)
+
+
+def two_role_plan(usable_gib: float, *, offload=None, optimizer=None, lora=False, reference=False, models=2):
+    return plan_training_state(int(usable_gib * GIB), QWEN_1_5B, QWEN_1_5B_PARAMETERS, models,
+                               workspace_bytes=WORKSPACE, bf16=True, sampler_copy=True, reference=reference,
+                               offload=offload, optimizer=optimizer, lora=lora)
+
+
+def test_a_1_5b_role_holds_20_bytes_a_parameter_and_8_bit_moments_save_6():
+    """fp32 weights 4 + gradients 4 + AdamW moments 8 + autocast's bf16 copies 2 + the sampler's bf16 copy 2."""
+    full = role_state_bytes(QWEN_1_5B_PARAMETERS, QWEN_1_5B_PARAMETERS, eight_bit=False, bf16=True,
+                            sampler_copy=True, reference=False)
+    eight = role_state_bytes(QWEN_1_5B_PARAMETERS, QWEN_1_5B_PARAMETERS, eight_bit=True, bf16=True,
+                             sampler_copy=True, reference=False)
+    assert full == 20 * QWEN_1_5B_PARAMETERS
+    assert full - eight == pytest.approx(6 * QWEN_1_5B_PARAMETERS, rel=0.01)  # 8 bytes of moments -> 2 + 1/32
+    assert WORKSPACE / GIB == pytest.approx(3.78, abs=0.01)
+
+
+def test_at_80_gib_two_1_5b_roles_need_nothing():
+    plan = two_role_plan(80)
+    assert plan.fits and not plan.offload_idle_role and plan.optimizer == "adamw" and not plan.lora
+    assert plan.needed_bytes / GIB == pytest.approx(61.3, abs=0.1)  # measured peak of an r_zero step: 60 GiB
+    assert "nothing changed" in plan.describe() and "fits" in plan.describe()
+
+
+def test_at_40_gib_the_idle_role_is_offloaded_and_at_32_its_moments_are_8_bit_too():
+    assert (two_role_plan(40).offload_idle_role, two_role_plan(40).optimizer) == (True, "adamw")
+    plan = two_role_plan(32)
+    assert plan.fits and plan.offload_idle_role and plan.optimizer == "adamw_8bit" and not plan.lora
+    assert "8-bit AdamW moments" in plan.describe()
+
+
+def test_at_24_gib_full_training_does_not_fit_and_lora_is_chosen_only_when_allowed():
+    refused = two_role_plan(24)  # LoRA not allowed: the leanest full fine-tuning, said not to fit
+    assert not refused.fits and refused.offload_idle_role and refused.optimizer == "adamw_8bit" and not refused.lora
+    assert refused.needed_bytes / GIB == pytest.approx(24.0, abs=0.1)
+    assert refused.budget_bytes == int(24 * GIB * HEADROOM)
+    assert "does NOT fit" in refused.describe()
+    allowed = two_role_plan(24, lora=None)  # train.lora_if_needed
+    assert allowed.fits and allowed.lora and allowed.offload_idle_role and allowed.optimizer == "adamw"
+    assert allowed.needed_bytes / GIB == pytest.approx(12.5, abs=0.1)
+    assert "LoRA adapters" in allowed.describe()
+
+
+def test_explicit_settings_are_kept_whatever_the_memory():
+    kept = two_role_plan(32, offload=False, lora=None)  # offloading refused: both roles resident, on adapters
+    assert not kept.offload_idle_role and kept.lora and kept.optimizer == "adamw" and kept.fits
+    plain = two_role_plan(24, optimizer="adamw", offload=True)
+    assert plain.optimizer == "adamw" and plain.offload_idle_role and not plain.fits
+    chosen = two_role_plan(80, offload=True, optimizer="adamw_8bit", lora=True)  # all set: all kept, though 80 GiB
+    assert (chosen.offload_idle_role, chosen.optimizer, chosen.lora) == (True, "adamw_8bit", True)
+
+
+def test_one_model_is_never_offloaded_and_a_kl_reference_counts():
+    single = two_role_plan(24, models=1)
+    assert not single.offload_idle_role and single.optimizer == "adamw_8bit"
+    assert two_role_plan(200, reference=True).needed_bytes - two_role_plan(200).needed_bytes == 2 * 4 * (
+        QWEN_1_5B_PARAMETERS)
+
+
+def test_lora_adapters_of_every_linear_layer_are_counted():
+    """Qwen2.5-1.5B at rank 8: q and o (1,536 + 1,536), k and v (1,536 + 256), gate, up and down (1,536 + 8,960)."""
+    per_layer = 2 * (1536 + 1536) + 2 * (1536 + 256) + 3 * (1536 + 8960)
+    assert QWEN_1_5B.lora_parameters(8) == 8 * 28 * per_layer == 9_232_384

@@ -89,3 +89,67 @@ def test_a_write_that_is_not_published_is_detected(random_model_dir):
     recipe.trainers()["solver"].publish_weights()
     sample(recipe, policy)
     assert sampled_is_live(recipe.engine(policy), policy.model)
+
+
+def planned_runtime(random_policy, monkeypatch, *sets: str, fill: float, cuda: bool = True, torchao: bool = True):
+    """A two-role runtime whose device reads as CUDA with ``fill`` x (one role's full training state) + the workspace
+    usable (within HEADROOM), torchao installed or not (no trainer is built: the plan only asks whether it is), and
+    the settings of its first role."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if torchao else None) if name == "torchao" else real(name, *a))
+    from coevolve.memory import HEADROOM, ModelShape, role_state_bytes, training_workspace_bytes
+    from coevolve.recipes import resolve
+    from coevolve.rl import logprob_head
+    from coevolve.roles import HEAD_BYTES_PER_LOGIT, RoleRuntime
+
+    config = resolve("r_zero", sets=list(sets))[0]
+    runtime = RoleRuntime(config, models=2)
+    model = random_policy.model
+    parameters = sum(p.numel() for p in model.parameters())
+    role = role_state_bytes(parameters, parameters, eight_bit=False, bf16=True, sampler_copy=True, reference=False)
+    workspace = training_workspace_bytes(ModelShape.of(model.config), dtype_bytes=2,
+                                         head_bytes=HEAD_BYTES_PER_LOGIT * logprob_head.HEAD_CHUNK_LOGITS)
+    if cuda:
+        runtime.device = torch.device("cuda")
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
+        usable = int((workspace + fill * role) / HEADROOM)
+        monkeypatch.setattr("coevolve.roles.free_device_memory", lambda device: usable)
+    return runtime, runtime.update_settings(random_policy, None, constrained=False)
+
+
+def test_on_cuda_unset_settings_take_the_memory_plan_logged_once(random_policy, monkeypatch, caplog):
+    with caplog.at_level("INFO", logger="coevolve.roles"):
+        runtime, settings = planned_runtime(random_policy, monkeypatch, fill=1.5)  # one role fits, two do not
+        runtime.update_settings(random_policy, None, constrained=False)  # the second role: the same plan
+    assert runtime.residency is not None and settings.optimizer == "adamw" and settings.lora is None
+    assert [r.getMessage() for r in caplog.records if "memory plan" in r.getMessage()] == [
+        f"memory plan for 2 model(s) of 0.00B parameters in {runtime.state_plan.budget_bytes / 0.85 / 2**30:.1f} GiB: "
+        f"{runtime.state_plan.describe()}"]
+    assert "the idle role waits in host memory:" in caplog.text
+
+
+def test_the_plan_keeps_explicit_settings_and_chooses_lora_only_when_allowed(random_policy, monkeypatch):
+    runtime, settings = planned_runtime(random_policy, monkeypatch, "train.offload_idle_role=false", fill=1.5)
+    assert runtime.residency is None and settings.optimizer == "adamw_8bit", runtime.state_plan  # 2 x 14 of 30 fit
+    runtime, settings = planned_runtime(random_policy, monkeypatch, "train.optimizer=adamw", fill=0.5)
+    assert runtime.residency is not None and settings.optimizer == "adamw" and settings.lora is None
+    assert not runtime.state_plan.fits
+    runtime, settings = planned_runtime(random_policy, monkeypatch, "train.optimizer=adamw",
+                                        "train.lora_if_needed=true", fill=0.5)
+    assert settings.lora == {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
+
+
+def test_off_cuda_nothing_is_planned(random_policy, monkeypatch):
+    runtime, settings = planned_runtime(random_policy, monkeypatch, "train.lora_if_needed=true", fill=0.0, cuda=False)
+    assert runtime.state_plan is None and runtime.residency is None
+    assert settings.optimizer == "adamw" and settings.lora is None
+
+
+def test_without_torchao_the_plan_never_chooses_8_bit_moments(random_policy, monkeypatch):
+    runtime, settings = planned_runtime(random_policy, monkeypatch, "train.offload_idle_role=false", fill=1.5,
+                                        torchao=False)
+    assert settings.optimizer == "adamw" and not runtime.state_plan.fits

@@ -103,7 +103,7 @@ class Recipe(Generic[ParamsT]):
         self.solver_sampling = self.sampling
         self._trainers: dict[int, PolicyTrainer] = {}  # by id of the Policy it trains
         self._role_policies: dict[str, Policy] = {}  # by role, as make_trainer recorded them
-        self._runtime = RoleRuntime(config)  # devices, ranks and samplers
+        self._runtime = RoleRuntime(config, models=len(self.roles))  # devices, ranks, samplers, memory plan
         self.schedule: Schedule | None = None  # a phased recipe's phases (coevolve.phases), set once its trainers are
 
     @property

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from coevolve.optim_state import copy_state_dict
 from coevolve.rl.losses import policy_loss
 from coevolve.rl.trainer import PolicyTrainer, TrainSample, sequence_logprobs
 
@@ -241,7 +242,7 @@ def one_step_dev_gains(trainer: PolicyTrainer, questions: Sequence[Sequence[Trai
     before = _logprob_sums(trainer, dev)
     advantages = torch.tensor([s.advantage for s in dev], dtype=torch.float64, device=before.device)
     weights = copy.deepcopy(model.state_dict())
-    optimizer_state = copy.deepcopy(trainer.optimizer.state_dict())
+    optimizer_state = copy_state_dict(trainer.optimizer.state_dict())
     updates_done = trainer.updates_done
     gains = []
     for rollouts in questions:
@@ -249,7 +250,7 @@ def one_step_dev_gains(trainer: PolicyTrainer, questions: Sequence[Sequence[Trai
         ratio = torch.exp(_logprob_sums(trainer, dev) - before)
         gains.append(float((advantages * (ratio - 1.0)).sum()) / dev_rollouts)
         trainer.load_weights(weights)
-        trainer.optimizer.load_state_dict(copy.deepcopy(optimizer_state))  # loading may keep the given tensors
+        trainer.optimizer.load_state_dict(copy_state_dict(optimizer_state))  # loading may keep the given tensors
         trainer.updates_done = updates_done
     trainer.optimizer.zero_grad(set_to_none=True)
     model.train(was_training)

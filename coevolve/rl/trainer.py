@@ -18,7 +18,7 @@ import torch
 
 from coevolve import distributed
 from coevolve.config import KlReference, LossAgg, LrSchedule, OptimizerReset, RoleSettings, TrainConfig
-from coevolve.memory import ModelShape, free_device_memory, plan_training_pass
+from coevolve.memory import ModelShape, adam_state_bytes, free_device_memory, plan_training_pass
 from coevolve.padding import left_pad, position_ids_from_mask
 from coevolve.rl import logprob_head
 from coevolve.rl.compiled_layers import compile_decoder_layers, decoder_layers
@@ -91,6 +91,7 @@ class UpdateSettings:
     lr_warmup_ratio: float = 0.0
     lr_min_ratio: float = 0.0
     optimizer_reset: OptimizerReset = "never"  # phase: a fresh AdamW at the start of each phase
+    optimizer: Literal["adamw", "adamw_8bit"] = "adamw"  # adamw_8bit: torchao's AdamW8bit (:func:`make_optimizer`)
 
 
 def update_settings(train: TrainConfig, role: RoleSettings | None = None, **resolved: Any) -> UpdateSettings:
@@ -99,6 +100,7 @@ def update_settings(train: TrainConfig, role: RoleSettings | None = None, **reso
     names = {f.name for f in fields(UpdateSettings)}
     values = {k: v for k, v in train.model_dump().items() if k in names}
     values.update(role.model_dump(exclude_none=True) if role is not None else {})
+    values["optimizer"] = train.optimizer or "adamw"  # unset: AdamW unless the run's memory plan decides (roles.py)
     return UpdateSettings(**{**values, **resolved})
 
 
@@ -333,6 +335,29 @@ def wrap_lora(model: torch.nn.Module, lora: Mapping[str, Any]) -> torch.nn.Modul
     return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
 
 
+def make_optimizer(params: list[torch.nn.Parameter], settings: UpdateSettings) -> torch.optim.Optimizer:
+    """AdamW over ``params`` with ``settings``' lr, betas and weight decay: torch's (fused where every parameter is a
+    CPU or CUDA float tensor: one pass over all of them), or with ``optimizer: adamw_8bit`` torchao's AdamW8bit, whose
+    moments of every parameter of at least 4,096 values are block-wise 8-bit (:func:`coevolve.memory.adam_state_bytes`)
+    and whose step is compiled per parameter shape at its first use (``torch.compile``)."""
+    if settings.optimizer == "adamw_8bit":
+        from torchao.optim import AdamW8bit  # its import's warnings are silenced (coevolve/__init__.py)
+
+        return AdamW8bit(params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay,
+                             fused=fused)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every param group's learning rate to ``lr`` (in place where it is a tensor, as torchao's optimizers keep it)."""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
 class PolicyTrainer:
     """AdamW policy-gradient updates of one model (optionally LoRA), with an optional frozen reference."""
 
@@ -356,11 +381,7 @@ class PolicyTrainer:
             distributed.shard_model(model)
             if self.reference is not None:
                 distributed.shard_model(self.reference)
-        params = [p for p in model.parameters() if p.requires_grad]
-        # The fused kernel updates every parameter in one pass (CPU and CUDA); the default loops over them.
-        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-        self.optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas,
-                                           weight_decay=settings.weight_decay, fused=fused)
+        self.optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], settings)
         self.updates_done = 0
         self.weights_version = 0  # published after every change of the weights (:meth:`publish_weights`)
         self.residency: Residency | None = None  # set by Residency.register (train.offload_idle_role)
@@ -386,9 +407,7 @@ class PolicyTrainer:
             self.optimizer.state.clear()
         if index == 0 and self.settings.kl_reference == "phase_start" and self.reference is not None:
             self._copy_weights_into(self.reference)
-        lr = self.settings.lr * phase_lr_factor(self.settings, index, total)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(self.optimizer, self.settings.lr * phase_lr_factor(self.settings, index, total))
 
     @torch.no_grad()
     def _copy_weights_into(self, reference: torch.nn.Module) -> None:
@@ -524,11 +543,13 @@ class PolicyTrainer:
 
     def _update_state_bytes(self) -> int:
         """Device bytes an update allocates beyond its activations that are not allocated now: the gradients, the
-        AdamW moments before the first step, and under bf16 autocast the cached bf16 copies of the trained weights."""
+        AdamW moments before the first step (8 bytes per fp32 parameter, about 2 with ``adamw_8bit``), and under bf16
+        autocast the cached bf16 copies of the trained weights."""
         trained = [p for p in self.model.parameters() if p.requires_grad]
         missing = sum(p.numel() * p.element_size() for p in trained if p.grad is None)
         if not self.optimizer.state:
-            missing += sum(2 * p.numel() * p.element_size() for p in trained)
+            missing += sum(adam_state_bytes(p.numel(), p.element_size(), eight_bit=self.settings.optimizer ==
+                                            "adamw_8bit") for p in trained)
         if self.settings.dtype == "bf16":
             missing += sum(2 * p.numel() for p in trained if p.dtype == torch.float32)
         return missing
