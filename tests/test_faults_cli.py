@@ -236,9 +236,11 @@ def model_loaders() -> list[tuple[ModuleType, str]]:
     import coevolve.models
     import coevolve.models.tiny_arith
     import coevolve.roles
+    import coevolve.run_models
 
+    # every module that binds a loader by name: one first imported while the stand-in is set would keep it
     return [(coevolve.models.tiny_arith, "ensure_tiny_arith"), (coevolve.models, "load_policy"),
-            (coevolve.roles, "load_policy")]
+            (coevolve.roles, "load_policy"), (coevolve.run_models, "load_policy")]
 
 
 def test_every_config_error_comes_before_a_model_is_built(tmp_path, monkeypatch):
