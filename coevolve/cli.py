@@ -262,14 +262,16 @@ def _launch_ranks(processes: int, out_dir: Path) -> None:
 
 @app.command()
 def sft(
-    recipe: str = typer.Argument(..., help="recipe whose generator output format to teach (see `coevolve recipes`)"),
+    recipe: str = typer.Argument(..., help="recipe whose generator output format (or, with --set warmup=tools, whose "
+                                 "solver's tool calls) to teach (see `coevolve recipes`)"),
     set_: list[str] = typer.Option([], "--set", help="override a warm-up key: --set steps=60 (repeatable)"),
     out: str | None = typer.Option(None, "--out", help="output folder, absent or empty (default "
                                       "runs/sft-<recipe>-<time>)"),
     quiet: bool = typer.Option(False, "--quiet", help="no per-step loss lines"),
 ) -> None:
     """Format warm-up: fine-tune a generator on GSM8K-train problems written in the recipe's output format; start a
-    run's generator from it with --set params.generator_init=OUT."""
+    run's generator from it with --set params.generator_init=OUT. With --set warmup=tools: a solver on arithmetic
+    problems answered with one python call (docs/tools.md); start a run from it with --set model=OUT/model."""
     from coevolve.config import ConfigError, parse_set
     from coevolve.data.benchmarks import BenchmarkDataNotFound
     from coevolve.models import ModelNotFoundError
@@ -288,8 +290,9 @@ def sft(
         _fail(str(exc).strip("'\""), 2)
     except (ModelNotFoundError, BenchmarkDataNotFound) as exc:
         _fail(str(exc))
+    use = f"model={out_dir / 'model'}" if summary["warmup"] == "tools" else f"params.generator_init={out_dir}"
     typer.echo(f"done: loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f} in {summary['wall_s']:.0f} s; "
-               f"use --set params.generator_init={out_dir}")
+               f"use --set {use}")
 
 
 @app.command("eval")

@@ -166,6 +166,17 @@ def small_tiny_program(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def small_tiny_calc(tmp_path_factory):
+    """(cache folder, model folder) of the quick tiny-calc test build (episodes that call the python tool), built once
+    per session like :func:`small_tiny_arith`."""
+    from coevolve.models.tiny_calc import TinyCalcBuild, ensure_tiny_calc
+
+    kept = os.environ.get("COEVOLVE_TEST_CACHE")
+    cache = Path(kept) if kept else session_folder(tmp_path_factory, "models")
+    return cache, ensure_tiny_calc(cache, TinyCalcBuild.for_tests(), progress=False)
+
+
+@pytest.fixture(scope="session")
 def vllm_model_dir(tmp_path_factory):
     """A random tiny Llama with head size 32 (vLLM's CPU attention needs >= 32) and tied embeddings."""
     return save_random_llama(tmp_path_factory.mktemp("vllm-tiny"), hidden=64, tie_word_embeddings=True)

@@ -33,13 +33,21 @@ CASES = {
             "params.learnability_samples=2", "params.seed_batch_factor=1", "params.seed_max_rounds=1",
             "params.execution_timeout_s=5", "params.execution_workers=2"],
 }
+# Agent0 after its executor's tool warm-up (below): R-Zero's sizes, episodes of at most 2 calls in 64 tokens, all 4
+# pool tasks x 6 episodes per executor step (with R-Zero's 2 x 8 one measured run had no group with both a right and a
+# wrong answer); the solver's answer-format constraint would forbid the python block (the warm-up is its format help).
+CASES["agent0"] = [*R_ZERO_SIZES, "rollout.max_new_tokens=64", "rollout.max_tool_calls=2", "params.solver_questions=4",
+                   "params.solver_group=6", "params.solver_format_constraint=false"]
 SOLVER_STEPS = {"opensir": "policy/optimizer_steps", "dynamic_rl": "policy/optimizer_steps",
                 "azr": "policy/optimizer_steps"}
 # The format warm-up (`coevolve sft` keys) of the recipes whose solver must agree with the generator's answer.
 # INFUSER's 4 steps suffice. PasoDoble needs 16 steps: after 4, 8 or 12 steps of 4 no question was retained in the
 # two steps; 16 of 2 (here) retain 2 in step 2, the experiment's 16 of 4 in both (experiments/real_lm/README.md).
+# Agent0's is the tool warm-up of its executor (both roles start from it, as both start from M_0): 4 steps of 4
+# arithmetic episodes (loss 1.16 -> 0.02); without it no episode of 16 wrote a python block.
 WARMUP = {"pasodoble": {"examples": 32, "steps": 16, "batch_size": 2, "lr": 5e-5},
-          "infuser": {"examples": 16, "steps": 4, "batch_size": 4, "lr": 1e-4, "max_tokens": 448}}
+          "infuser": {"examples": 16, "steps": 4, "batch_size": 4, "lr": 1e-4, "max_tokens": 448},
+          "agent0": {"warmup": "tools", "examples": 16, "steps": 4, "batch_size": 4, "lr": 1e-4}}
 
 
 def two_steps(recipe: str, model_dir: str, tmp_path) -> list[dict]:
@@ -59,7 +67,8 @@ def two_steps(recipe: str, model_dir: str, tmp_path) -> list[dict]:
         sets.append(f"params.cluster_space={tmp_path / 'space'}")
     if recipe in WARMUP:
         run_sft(resolve_sft(recipe, {"model": model_dir, **WARMUP[recipe]}), tmp_path / "sft", progress=False)
-        sets.append(f"params.generator_init={tmp_path / 'sft'}")
+        tools = WARMUP[recipe].get("warmup") == "tools"
+        sets.append(f"model={tmp_path / 'sft' / 'model'}" if tools else f"params.generator_init={tmp_path / 'sft'}")
     cfg, params, cls = resolve(recipe, sets=sets)
     run(cls(cfg, params), cfg, tmp_path / "run", progress=False)
     for weights in (tmp_path / "run" / "checkpoints", tmp_path / "sft" / "model"):  # 0.5-3 GB; pytest keeps 3 runs

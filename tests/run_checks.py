@@ -9,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -162,3 +164,94 @@ def run_killed(point: str, args: list[str]) -> subprocess.CompletedProcess:
     samples written, its checkpoint not; ``mid_checkpoint``: its weights written, its AdamW state not)."""
     return subprocess.run([sys.executable, "-c", KILL_DRIVER, point, *args], capture_output=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+# A run whose sandboxed tool programs of step 2 onward sleep 9 s first (under the tool's 10 s wall limit) inside the
+# sandbox, so that a kill from outside lands while one runs; the steps before run as the uninterrupted run's. Before it
+# sends the first sleeping batch it creates the file named by its first argument.
+SLOW_TOOL_SECONDS = 9
+SLOW_TOOL_DRIVER = f"""
+import sys
+from pathlib import Path
+import coevolve.store as store
+from coevolve.execution import Executor, Job
+marker = Path(sys.argv.pop(1))
+written = []
+original_samples = store.RunStore.write_samples
+def write_samples(self, step, records):
+    original_samples(self, step, records)
+    written.append(step)
+store.RunStore.write_samples = write_samples
+original_run = Executor.run
+def run(self, jobs):
+    if written:
+        jobs = [Job("import time\\ntime.sleep({SLOW_TOOL_SECONDS})\\n" + job.code, job.expression) for job in jobs]
+        marker.touch()
+    return original_run(self, jobs)
+Executor.run = run
+from coevolve.cli import app
+sys.argv[0] = "coevolve"
+app()
+"""
+
+
+def running_tool_programs(root: psutil.Process) -> list[psutil.Process]:
+    """The programs running in ``root``'s sandboxes: each a child of a sandbox worker (a process under bwrap)."""
+    programs = []
+    for process in root.children(recursive=True):
+        try:
+            parent = process.parent()
+            grandparent = parent.parent() if parent is not None else None
+            if grandparent is not None and grandparent.name() == "bwrap" and parent.name() != "bwrap":
+                programs.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return programs
+
+
+def still_running(processes: list[psutil.Process], seconds: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running after up to ``seconds`` (a zombie has ended: only its exit status waits
+    for whoever reaps it, here a container's init about once a second)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        running = []
+        for process in processes:
+            try:
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    running.append(process)
+            except psutil.NoSuchProcess:
+                pass
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)
+
+
+def kill_during_tool_call(args: list[str], marker: Path) -> tuple[int, list[psutil.Process], dict[psutil.Process, str]]:
+    """``coevolve ARGS`` with :data:`SLOW_TOOL_DRIVER`, its process group SIGKILLed as soon as a tool program of step 2
+    runs in its sandbox (``marker`` created, then the run's processes polled every 20 ms). Returns the run's exit code,
+    the programs running at the kill, and every process the run had started then (its sandboxes: bwrap, the workers
+    and their programs) with its name."""
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_TOOL_DRIVER, str(marker), *args], stdout=subprocess.DEVNULL,
+                                stderr=stderr, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+        try:
+            root = psutil.Process(proc.pid)
+            programs: list[psutil.Process] = []
+            while proc.poll() is None and not programs:
+                time.sleep(0.02)
+                programs = running_tool_programs(root) if marker.exists() else []
+            if not programs:
+                stderr.seek(0)
+                raise AssertionError(f"the run ended (exit code {proc.returncode}) without a tool call of step 2: "
+                                     f"{stderr.read()[-2000:]!r}")
+            started = {}
+            for process in root.children(recursive=True):
+                try:
+                    started[process] = process.name()
+                except psutil.NoSuchProcess:
+                    pass
+            os.killpg(proc.pid, signal.SIGKILL)  # the run's group; the sandboxes sit in sessions of their own
+            return proc.wait(timeout=60), programs, started
+        finally:
+            if proc.poll() is None:
+                kill_process_tree(proc.pid)

@@ -77,8 +77,11 @@ class TinyCalcBuild:
 
     @classmethod
     def for_tests(cls) -> TinyCalcBuild:
-        """A much weaker model that builds in seconds; enough to emit the formats."""
-        return cls(hidden=32, layers=1, heads=2, intermediate=64, steps=60, lr=5e-3, warmup=10, eval_n=4)
+        """A much weaker model that builds in about 20 seconds (tiny-arith's test size) and calls the tool in most
+        episodes: every solve sample of its corpus is a tool trace. It copies questions into its calls badly (its
+        answers are wrong), but its episodes run real sandboxed calls (tests of a kill during one)."""
+        return cls(hidden=64, layers=2, heads=2, intermediate=128, steps=400, lr=3e-3, warmup=20, eval_n=8,
+                   bare_answer_rate=0.0, tool_rate=(1.0,) * 6)
 
     def fingerprint(self) -> str:
         """Short hash of the settings and the format and build-code versions."""

@@ -129,6 +129,7 @@ class Agent0(RZero):
                "BLEU-cluster repetition; executor ADPO on frontier tasks with majority labels")
     Params = Agent0Params
     params: Agent0Params
+    tool_instruction = EXECUTOR_PROMPT
     defaults = {"steps": 2 * (6 + 20), "eval_every": 26,
                 "rollout": {"temperature": 1.0, "max_new_tokens": 64, "tools": ["python"], "max_tool_calls": 4},
                 "train": {"lr": 3e-5, "grad_clip": 1.0}, "params": {"band": [0.3, 0.8]}}
@@ -156,7 +157,7 @@ class Agent0(RZero):
         """The task's solver prompt; in the chat world with tools, after the executor's tool instruction."""
         message = self.task.solver_prompt(question, None, self.style)
         if self.style == "chat" and self.config.rollout.tools:
-            message = f"{EXECUTOR_PROMPT}\n\n{message}"
+            message = f"{self.tool_instruction}\n\n{message}"
         return self.solver_policy.format_prompt(message)
 
     # --- curriculum phase: R_C ---------------------------------------------------------------------

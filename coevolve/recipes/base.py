@@ -93,6 +93,9 @@ class Recipe(Generic[ParamsT]):
     fsdp_unsupported: ClassVar[str | None] = None  # why ``train.fsdp`` cannot shard this recipe, if it cannot
     phased: ClassVar[bool] = False  # its roles train in phases (``schedule``): lr schedules, resets
     scores_questions: ClassVar[bool] = False  # its solver votes to score or label questions (``rollout.scoring``)
+    # the instruction its chat solver prompt starts with when ``rollout.tools`` is on (agent0: its executor prompt);
+    # ``coevolve sft --set warmup=tools`` writes its tool warm-up's prompts the same way
+    tool_instruction: ClassVar[str] = ""
 
     def __init__(self, config: RunConfig, params: ParamsT):
         self.config = config

@@ -7,12 +7,21 @@ import json
 import signal
 
 import helpers
+import psutil
 import pytest
 from helpers import CallThenAnswer, records
-from run_checks import assert_same_training, run_killed, train_rows
+from run_checks import (
+    SLOW_TOOL_SECONDS,
+    assert_same_training,
+    kill_during_tool_call,
+    run_killed,
+    still_running,
+    train_rows,
+)
 from typer.testing import CliRunner
 
 from coevolve.cli import app
+from coevolve.execution import sandbox_problem
 from coevolve.grading.vote import majority_vote
 from coevolve.loop import run
 from coevolve.recipes import resolve
@@ -226,3 +235,34 @@ def test_killed_mid_step_resumes_as_the_uninterrupted_run(tmp_path, small_tiny_a
     assert all(r["pool/size"] > 0 for r in train_rows(whole)[1:])
     assert_same_training(whole, killed, model, ("solver/grad_norm", "solver/advantage_abs_mean"))
     assert [r["pool/size"] for r in train_rows(killed)[1:]] == [r["pool/size"] for r in train_rows(whole)[1:]]
+
+
+def test_killed_during_a_tool_call_resumes_as_the_uninterrupted_run(tmp_path, small_tiny_calc):
+    """SIGKILL of the run's process group while a sandboxed tool program of step 2 runs (the tiny-calc test build calls
+    the tool in most episodes; the kill driver makes step 2's programs sleep so the kill lands in one): no sandbox
+    process outlives the run, and the resumed run logs every step once, replays the same episodes and trains as the
+    uninterrupted one."""
+    if sandbox_problem() is not None:
+        pytest.skip(sandbox_problem())
+    model = small_tiny_calc[1]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    done = CliRunner().invoke(app, [*AGENT0_RUN, "--set", f"model={model}", "--out", str(whole)])
+    assert done.exit_code == 0, done.output
+    assert all(r["tool/calls"] > 0 for r in train_rows(whole)), [r["tool/calls"] for r in train_rows(whole)]
+    returncode, programs, started = kill_during_tool_call([*AGENT0_RUN, "--set", f"model={model}",
+                                                           "--out", str(killed)], tmp_path / "sleeping")
+    assert returncode == -signal.SIGKILL and programs
+    assert "bwrap" in started.values(), started
+    # bwrap's --die-with-parent takes each sandbox with the run (measured: in 0.1 s), long before a sleeping program
+    # would end and its worker read that the run is gone
+    assert not still_running(list(started), SLOW_TOOL_SECONDS / 3)
+    assert [r["step"] for r in train_rows(killed)] == [1]  # killed inside step 2
+
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
+    resumed = CliRunner().invoke(app, ["run", "--resume", str(killed), "--quiet"])
+    assert resumed.exit_code == 0, resumed.output
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in ours]
+    assert not still_running(new, 5)  # the resumed run closed its sandboxes
+    assert [r["step"] for r in train_rows(killed)] == [1, 2, 3]
+    assert [r["tool/calls"] for r in train_rows(killed)] == [r["tool/calls"] for r in train_rows(whole)]
+    assert_same_training(whole, killed, model, ("solver/grad_norm", "solver/advantage_abs_mean"))
