@@ -2,12 +2,11 @@
 against GRPO with ground-truth tasks of the same world and model, with AZR's per-type telemetry, the solver's training
 signal per type and held-out accuracy by program level.
 
-    python -m experiments.azr.run --arms grpo_l23 azr_lr2e-4 [--seeds 0 1 2] [--jobs 1] [--report-only]
-    python -m experiments.azr.run --arms grpo_l23_300 --seeds 0          # GRPO for 300 steps, one seed
+    python -m experiments.azr.run --arms grpo_lr2e-4 azr_lr2e-4 [--seeds 0 1 2] [--jobs 2] [--report-only]
 
-results.md holds grpo_l23 and azr_lr2e-4 (levels 2-3, lr 2e-4, 100 steps) and grpo_l23_300; README.md says what they
-show. The first experiment's arms (grpo_program, azr: levels 1-3, lr 5e-5) are kept for its command; their results
-are in git (commit 6994189). azr_code_optim and the 300-step azr arm are defined but not run.
+README.md gives every command behind results.md and says what the runs show. The world is tiny-program of format
+version 2 (coevolve/models/tiny_program.py); the arms and results of version 1 are in git (experiments/azr at
+da6e516).
 """
 
 import statistics
@@ -22,28 +21,28 @@ from experiments.harness import Arm, ArmResult, Experiment, main, mean_sd, run_d
 
 KINDS = ("deduction", "abduction", "induction")
 SETS = [f"prog_{kind}" for kind in KINDS]
-STEPS = ("steps=100", "eval_every=20")
-GRPO_WORLD = ("model=tiny-program", "task=program", f"eval_sets=[{','.join(SETS)}]", "params.levels=[1,2,3]")
-LONG = ("steps=300", "eval_every=50")
-# The learnable setting (issue 43): level-1 programs are nearly all held out (59 of the 63 the sampler draws), so the
-# training level-1 tasks are a handful of memorised programs with saturated rewards; train on levels 2-3 only, at 4x
-# the learning rate, and give azr the same learning rate and steps.
-LEARNABLE = ("train.lr=2e-4", "steps=100", "eval_every=25")
+# The world of FORMAT_VERSION 2 (issue 43): tiny-program rebuilt for 12,000 steps with 75% solving samples, and the
+# one-operation programs back in training (held out by task, not by program); GRPO with ground truth trains on
+# programs of 1-3 operations. The FORMAT_VERSION 1 arms and results are in git (experiments/azr at da6e516).
+WORLD = ("model=tiny-program", "task=program", f"eval_sets=[{','.join(SETS)}]")
+SCHEDULE = ("steps=100", "eval_every=20")
+CODE_OPTIM = ("train.weight_decay=0.01", "train.entropy_coef=0.001", "train.clip_high=0.2",
+              "params.token_weighted_baseline=true")
 ARMS = (
-    Arm("grpo_l23", "grpo", (*GRPO_WORLD[:3], "params.levels=[2,3]", *LEARNABLE),
-        note="ground-truth tasks of the three types, programs of 2-3 operations, lr 2e-4"),
-    Arm("grpo_l23_300", "grpo", (*GRPO_WORLD[:3], "params.levels=[2,3]", "train.lr=2e-4", *LONG),
-        note="grpo_l23 for 300 steps"),
-    Arm("azr_lr2e-4", "azr", LEARNABLE, note="self-proposed tasks, B = 16 per type and role, n = 4, lr 2e-4"),
-    Arm("azr_code_optim", "azr", (*LEARNABLE, "train.weight_decay=0.01", "train.entropy_coef=0.001",
-                                  "train.clip_high=0.2", "params.token_weighted_baseline=true"),
-        note="as azr_lr2e-4 with the paper branch's optimizer rules that apply to the program world (weight decay "
-             "0.01, entropy 0.001, clip 0.2 both sides without dual clip, TRR++ over tokens)"),
-    Arm("grpo_program", "grpo", (*GRPO_WORLD, *STEPS),
-        note="ground-truth tasks of the three types (16 tasks x 8 rollouts a step)"),
-    Arm("azr", "azr", STEPS, note="self-proposed tasks, B = 16 per type and role, n = 4"),
-    Arm("grpo_program_300", "grpo", (*GRPO_WORLD, *LONG), note="300 steps"),
-    Arm("azr_300", "azr", LONG, note="300 steps"),
+    Arm("grpo", "grpo", (*WORLD, "params.levels=[1,2,3]", "train.lr=5e-5", *SCHEDULE),
+        note="ground-truth tasks of the three types (16 tasks x 8 rollouts a step), lr 5e-5 (azr small's)"),
+    Arm("grpo_lr2e-4", "grpo", (*WORLD, "params.levels=[1,2,3]", "train.lr=2e-4", *SCHEDULE),
+        note="grpo at lr 2e-4"),
+    Arm("grpo_lr1e-4", "grpo", (*WORLD, "params.levels=[1,2,3]", "train.lr=1e-4", *SCHEDULE),
+        note="grpo at lr 1e-4"),
+    Arm("grpo_lr1e-4_300", "grpo", (*WORLD, "params.levels=[1,2,3]", "train.lr=1e-4", "steps=300", "eval_every=50"),
+        note="grpo_lr1e-4 for 300 steps"),
+    Arm("azr", "azr", SCHEDULE, note="the small preset: self-proposed tasks, B = 16 per type and role, n = 4, lr 5e-5"),
+    Arm("azr_lr2e-4", "azr", ("train.lr=2e-4", *SCHEDULE), note="azr at lr 2e-4"),
+    Arm("azr_lr1e-4_300", "azr", ("train.lr=1e-4", "steps=300", "eval_every=50"), note="azr at lr 1e-4 for 300 steps"),
+    Arm("azr_code_optim", "azr", ("train.lr=2e-4", *SCHEDULE, *CODE_OPTIM),
+        note="azr_lr2e-4 with the paper branch's optimizer rules that apply to the program world (weight decay 0.01, "
+             "entropy 0.001, clip 0.2 both sides without dual clip, TRR++ over tokens)"),
 )
 TELEMETRY = ("valid_rate", "learnability", "solve_rate", "buffer_size_final", "buffer_distinct_programs_final")
 
@@ -139,8 +138,8 @@ def curves(results: Sequence[ArmResult], here: Path, seeds: Sequence[int]) -> li
     worked_keys = [f"{kind}/eval_worked_share" for kind in KINDS]
     first = next((r for r in results if r.extra), None)
     lines = ["Held-out accuracy by program level (operations) after the last step, and the share of greedy answers in "
-             "the worked form (an S: line); level-1 programs are nearly all held out of training (59 of the 63 the "
-             "sampler draws), so L1 measures programs the model never trained on:", "",
+             "the worked form (an S: line); L1 measures new inputs of programs seen in training (one-operation "
+             "programs are held out by task), L2 and L3 programs never trained on:", "",
              "| arm | " + " | ".join(f"{k[:3]} L{k[-1]}" for k in level_keys) + " | "
              + " | ".join(f"{k[:3]} worked" for k in worked_keys) + " |",
              "|---|" + "---|" * (len(level_keys) + len(worked_keys))]
