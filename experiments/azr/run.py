@@ -17,7 +17,7 @@ from pathlib import Path
 from coevolve.analytics.curriculum import load_run
 from coevolve.analytics.task_types import task_type_summary
 from coevolve.jsonio import read_jsonl
-from experiments.harness import Arm, ArmResult, Experiment, main, mean_sd, run_dir
+from experiments.harness import Arm, ArmResult, Experiment, main, mean_sd
 
 KINDS = ("deduction", "abduction", "induction")
 SETS = [f"prog_{kind}" for kind in KINDS]
@@ -58,7 +58,9 @@ def measure(run: Path) -> dict[str, float]:
     summary = task_type_summary(load_run(run))
     out = {key: value for key, value in summary.items() if value is not None and key.split("/", 1)[1] in TELEMETRY}
     evals = sorted((run / "eval").glob("step_*"))
-    return {**out, **training_signal(run), **held_out_detail(evals[-1]),
+    curve = {f"curve/{kind}/{row['step']}": row[f"eval/prog_{kind}/accuracy"]
+             for row in read_jsonl(run / "metrics.jsonl") for kind in KINDS if f"eval/prog_{kind}/accuracy" in row}
+    return {**out, **training_signal(run), **held_out_detail(evals[-1]), **curve,
             **{f"start/{k}": v for k, v in held_out_detail(evals[0]).items()}}
 
 
@@ -115,14 +117,10 @@ def curves(results: Sequence[ArmResult], here: Path, seeds: Sequence[int]) -> li
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     for ax, kind in zip(axes, KINDS):
-        key = f"eval/prog_{kind}/accuracy"
+        prefix = f"curve/{kind}/"
         for r in results:
-            series: dict[int, list[float]] = {}
-            for seed in seeds:
-                metrics = run_dir(here.parent / "runs", r.arm, seed) / "metrics.jsonl"
-                for row in read_jsonl(metrics) if metrics.exists() else []:
-                    if key in row:
-                        series.setdefault(row["step"], []).append(row[key])
+            series = {int(key.removeprefix(prefix)): values
+                      for key, values in r.extra.items() if key.startswith(prefix)}
             steps = sorted(series)
             ax.plot(steps, [statistics.fmean(series[s]) for s in steps], marker="o", markersize=3, label=r.arm.name)
         ax.set_title(kind)
