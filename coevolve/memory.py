@@ -154,8 +154,13 @@ def adam_state_bytes(numel: int, element_size: int, *, eight_bit: bool) -> int:
     parameter's dtype, or with ``eight_bit`` (``train.optimizer: adamw_8bit``) one byte per value and a float32 scale
     per block each (2 + 8/256 bytes per value; the shared 256-entry quantisation maps not counted)."""
     if eight_bit and numel >= EIGHT_BIT_MIN_VALUES and numel % EIGHT_BIT_BLOCK == 0:
-        return 2 * (numel + 4 * (numel // EIGHT_BIT_BLOCK))
+        return eight_bit_moment_bytes(numel)
     return 2 * numel * element_size
+
+
+def eight_bit_moment_bytes(values: int) -> int:
+    """Bytes of two block-wise 8-bit moments of ``values`` values: one uint8 code each and a float32 scale per block."""
+    return 2 * (values + 4 * (values // EIGHT_BIT_BLOCK))
 
 
 def free_device_memory(device: torch.device) -> int | None:
@@ -210,7 +215,7 @@ def role_state_bytes(parameters: int, trained: int, *, eight_bit: bool, bf16: bo
     every tensor were quantised: :func:`adam_state_bytes`), under ``bf16`` autocast's bf16 copies of them, and with
     ``sampler_copy`` the sampler's bf16 copy of every weight."""
     weights = 4 * parameters * (2 if reference else 1)
-    moments = 2 * trained + 8 * trained // EIGHT_BIT_BLOCK if eight_bit else 8 * trained
+    moments = eight_bit_moment_bytes(trained) if eight_bit else 8 * trained
     update = 4 * trained + moments + (2 * trained if bf16 else 0)
     return weights + update + (2 * parameters if sampler_copy else 0)
 

@@ -129,10 +129,11 @@ class RoleRuntime:
             return self.state_plan
         model = policy.model
         shape = ModelShape.of(model.config)
+        parameters = sum(p.numel() for p in model.parameters())
         bf16 = self.bf16(train.dtype)
         usable = (free_device_memory(self.device) or 0) + torch.cuda.memory_allocated(self.device)
         self.state_plan = plan_training_state(
-            usable, shape, sum(p.numel() for p in model.parameters()), self.models,
+            usable, shape, parameters, self.models,
             workspace_bytes=training_workspace_bytes(shape, dtype_bytes=2 if bf16 else 4,
                                                      head_bytes=HEAD_BYTES_PER_LOGIT * logprob_head.HEAD_CHUNK_LOGITS),
             bf16=bf16, sampler_copy=self.config.rollout.engine == "hf" and self.bf16(self.config.rollout.dtype),
@@ -142,7 +143,7 @@ class RoleRuntime:
         if self.state_plan.offload_idle_role and self.residency is None:
             self.residency = Residency(self.device)
         log.info("memory plan for %d model(s) of %.2fB parameters in %.1f GiB: %s", self.models,
-                 sum(p.numel() for p in model.parameters()) / 1e9, usable / 2**30, self.state_plan.describe())
+                 parameters / 1e9, usable / 2**30, self.state_plan.describe())
         return self.state_plan
 
     def make_trainer(self, policy: Policy, settings: UpdateSettings) -> PolicyTrainer:

@@ -182,14 +182,13 @@ class RunStore:
             tensors = load_file(str(folder / f"{role}.optim.safetensors"))
             try:
                 kind = state["optimizers"][role].get("optimizer", type(optimizer).__name__)  # older: not recorded
-                saved = None if kind != type(optimizer).__name__ else _optimizer_state(tensors,
-                                                                                        state["optimizers"][role])
+                if kind != type(optimizer).__name__:
+                    raise CheckpointDamaged(f"{folder.name}: the {role} optimizer state is {kind}'s, this run's "
+                                            f"optimizer is {type(optimizer).__name__} (resume with the train.optimizer "
+                                            "it was saved with)")
+                saved = _optimizer_state(tensors, state["optimizers"][role])
             except (KeyError, TypeError, ValueError, AttributeError, ImportError) as exc:
                 raise CheckpointDamaged(f"{folder.name}: unreadable {role} optimizer state in state.json") from exc
-            if saved is None:
-                raise CheckpointDamaged(f"{folder.name}: the {role} optimizer state is {kind}'s, this run's optimizer "
-                                        f"is {type(optimizer).__name__} (resume with the train.optimizer it was "
-                                        "saved with)")
             if distributed.is_sharded(models[role]):
                 distributed.load_full_optimizer_state(models[role], optimizer, saved)
             else:
